@@ -1,0 +1,155 @@
+//! Checked launch geometry and typed kernel arguments.
+use super::{CudaDevice, Kernel, Stream};
+use crate::tensor::storage::with_cuda_ptrs;
+use crate::{Error, Result, Tensor};
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+/// The block size opsmith's elementwise kernels launch with: small enough that 8 blocks fill a
+/// multiprocessor, large enough that block scheduling is not a cost.
+pub const DEFAULT_BLOCK: u32 = 256;
+
+/// The largest grid (in blocks) along x that CUDA allows.
+const MAX_GRID_X: u64 = (1 << 31) - 1;
+
+/// A 1-D launch configuration. Build it with [`LaunchConfig::grid_stride`] or by hand; every
+/// launch validates it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in the grid.
+    pub grid: u32,
+    /// Threads per block: a multiple of 32, at most 1024.
+    pub block: u32,
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// The configuration for a grid-stride kernel over `work_items` items (elements, or vector
+    /// packs): one item per thread while that fits on the device at full occupancy, and no more
+    /// blocks than the device keeps resident beyond that, since the kernel loops.
+    pub fn grid_stride(device: &CudaDevice, kernel: &str, work_items: u64, block: u32) -> Result<Self> {
+        check_block(kernel, block)?;
+        let needed = work_items.div_ceil(block as u64).max(1);
+        let resident_per_sm = (device.max_threads_per_sm() / block).max(1) as u64;
+        let resident = device.sm_count() as u64 * resident_per_sm;
+        let blocks = needed.min(resident);
+        let grid =
+            u32::try_from(blocks).map_err(|_| Error::InvalidGrid { kernel: kernel.into(), blocks, max: MAX_GRID_X })?;
+        Ok(Self { grid, block, shared_mem_bytes: 0 })
+    }
+
+    /// Checks the block size and the grid size.
+    pub fn validate(&self, kernel: &str) -> Result<()> {
+        check_block(kernel, self.block)?;
+        if self.grid == 0 || self.grid as u64 > MAX_GRID_X {
+            return Err(Error::InvalidGrid { kernel: kernel.into(), blocks: self.grid as u64, max: MAX_GRID_X });
+        }
+        Ok(())
+    }
+}
+
+fn check_block(kernel: &str, block: u32) -> Result<()> {
+    if block == 0 || block > 1024 || !block.is_multiple_of(32) {
+        return Err(Error::InvalidBlockSize { kernel: kernel.into(), block });
+    }
+    Ok(())
+}
+
+/// Converts an element count for a kernel that takes a 32-bit length, or returns
+/// [`Error::TooLarge`] naming `kernel`.
+pub fn len_as_u32(kernel: &str, n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::TooLarge { op: kernel.into(), elements: n as u64, limit: u32::MAX as u64 })
+}
+
+/// Whether `OPSMITH_LAUNCH_BLOCKING=1` was set when the first launch happened: then every launch
+/// synchronizes its stream, so an asynchronous fault is reported by the launch that caused it.
+pub fn launch_blocking() -> bool {
+    static BLOCKING: OnceLock<bool> = OnceLock::new();
+    *BLOCKING.get_or_init(|| std::env::var("OPSMITH_LAUNCH_BLOCKING").is_ok_and(|v| v == "1"))
+}
+
+/// One kernel parameter for [`Kernel::launch`].
+#[derive(Clone, Copy, Debug)]
+pub enum KernelArg<'a> {
+    /// A tensor the kernel reads: passed as a pointer to its first element.
+    Input(&'a Tensor),
+    /// A tensor the kernel writes (and may read): passed as a pointer to its first element.
+    Output(&'a Tensor),
+    /// A 64-bit unsigned integer (`u64`, `size_t`).
+    U64(u64),
+    /// A 64-bit signed integer.
+    I64(i64),
+    /// A 32-bit unsigned integer.
+    U32(u32),
+    /// A 32-bit signed integer.
+    I32(i32),
+    /// A 32-bit float.
+    F32(f32),
+    /// A 64-bit float.
+    F64(f64),
+}
+
+/// A parameter value with a stable address for the driver to read.
+#[derive(Clone, Copy)]
+enum Value {
+    W64(u64),
+    W32(u32),
+}
+
+/// Resolves `args` and launches through [`Kernel::launch_raw`].
+///
+/// # Safety
+/// As [`Kernel::launch`].
+pub(super) unsafe fn launch_with_args(
+    kernel: &Kernel,
+    stream: &Stream,
+    cfg: LaunchConfig,
+    args: &[KernelArg<'_>],
+) -> Result<()> {
+    let device = stream.device().device();
+    let mut reads = Vec::new();
+    let mut writes = Vec::new();
+    for arg in args {
+        let t = match *arg {
+            KernelArg::Input(t) => {
+                reads.push(t);
+                t
+            }
+            KernelArg::Output(t) => {
+                writes.push(t);
+                t
+            }
+            _ => continue,
+        };
+        if t.device() != device {
+            return Err(Error::DeviceMismatch { op: "Kernel::launch", lhs: device, rhs: t.device() });
+        }
+    }
+    with_cuda_ptrs(stream, &reads, &writes, |read_ptrs, write_ptrs| {
+        let (mut r, mut w) = (read_ptrs.iter(), write_ptrs.iter());
+        let mut values: Vec<Value> = args
+            .iter()
+            .map(|arg| match *arg {
+                // `with_cuda_ptrs` returns one pointer per tensor, in the order given.
+                KernelArg::Input(_) => Value::W64(*r.next().expect("one pointer per input")),
+                KernelArg::Output(_) => Value::W64(*w.next().expect("one pointer per output")),
+                KernelArg::U64(v) => Value::W64(v),
+                KernelArg::I64(v) => Value::W64(v as u64),
+                KernelArg::F64(v) => Value::W64(v.to_bits()),
+                KernelArg::U32(v) => Value::W32(v),
+                KernelArg::I32(v) => Value::W32(v as u32),
+                KernelArg::F32(v) => Value::W32(v.to_bits()),
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|v| match v {
+                Value::W64(x) => x as *mut u64 as *mut c_void,
+                Value::W32(x) => x as *mut u32 as *mut c_void,
+            })
+            .collect();
+        // SAFETY: forwarded from this function's contract; `values` outlives the launch call.
+        unsafe { kernel.launch_raw(stream, cfg, &mut params) }
+    })
+}

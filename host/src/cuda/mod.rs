@@ -1,0 +1,53 @@
+//! The CUDA runtime, on `cudarc`'s driver API (the driver library is loaded at run time, so a
+//! binary built here runs on machines without CUDA and reports [`Error::NoCudaDriver`] there).
+//!
+//! * [`CudaDevice`]: one context per device, created on first use and shared.
+//! * [`Stream`] and [`Event`]: ordering and timing; ops run on the device's current stream.
+//! * [`KernelModule`] and [`Kernel`]: PTX modules (opsmith's embedded one, or third-party PTX).
+//! * [`LaunchConfig`]: checked launch geometry.
+mod device;
+mod launch;
+mod module;
+mod stream;
+
+pub use device::CudaDevice;
+pub use launch::{DEFAULT_BLOCK, KernelArg, LaunchConfig, launch_blocking, len_as_u32};
+pub use module::{EMBEDDED_PTX, EMBEDDED_PTX_ARCH, Kernel, KernelModule};
+pub use stream::{Event, Stream, StreamGuard};
+
+use crate::{Error, Result};
+use std::sync::OnceLock;
+
+/// Whether the CUDA driver library can be loaded on this machine.
+pub fn driver_available() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: probing only loads the library by name and drops it; no driver call is made.
+    *PRESENT.get_or_init(|| unsafe { cudarc::driver::sys::is_culib_present() })
+}
+
+/// The number of CUDA devices the driver reports; [`Error::NoCudaDriver`] without a driver.
+pub fn device_count() -> Result<usize> {
+    if !driver_available() {
+        return Err(Error::NoCudaDriver);
+    }
+    cudarc::driver::result::init()
+        .and_then(|_| cudarc::driver::CudaContext::device_count())
+        .map(|n| n.max(0) as usize)
+        .map_err(|source| Error::Driver { call: "cuDeviceGetCount", device: crate::Device::Cuda(0), source })
+}
+
+/// The CUDA driver's version as (major, minor), e.g. (13, 0).
+pub fn driver_version() -> Result<(u32, u32)> {
+    if !driver_available() {
+        return Err(Error::NoCudaDriver);
+    }
+    let mut v = 0i32;
+    // SAFETY: cuDriverGetVersion writes one int through a valid pointer.
+    let status = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    status.result().map_err(|source| Error::Driver {
+        call: "cuDriverGetVersion",
+        device: crate::Device::Cuda(0),
+        source,
+    })?;
+    Ok((v as u32 / 1000, (v as u32 % 1000) / 10))
+}

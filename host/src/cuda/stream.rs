@@ -1,0 +1,125 @@
+//! Streams and events.
+use super::CudaDevice;
+use crate::Result;
+use cudarc::driver::{CudaEvent, CudaStream, sys::CUevent_flags};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// A CUDA stream: work on one stream runs in order; work on different streams may overlap.
+///
+/// Tensors remember which stream last wrote them, so an op on another stream waits for that
+/// write without a manual synchronize.
+#[derive(Clone)]
+pub struct Stream {
+    device: CudaDevice,
+    inner: Arc<CudaStream>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stream(cuda:{}, {:?})", self.device.ordinal(), self.inner.cu_stream())
+    }
+}
+
+thread_local! {
+    /// Streams made current by [`Stream::make_current`], innermost last.
+    static CURRENT: RefCell<Vec<Stream>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The innermost stream made current on this thread for `device`, if any.
+pub(crate) fn current_for(device: &CudaDevice) -> Option<Stream> {
+    CURRENT.with(|c| c.borrow().iter().rev().find(|s| s.device == *device).cloned())
+}
+
+/// Restores the previous current stream when dropped. See [`Stream::make_current`].
+#[must_use = "the stream stops being current when the guard is dropped"]
+pub struct StreamGuard {
+    // Not Send: the guard must drop on the thread whose stack it changed.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.borrow_mut().pop());
+    }
+}
+
+impl Stream {
+    pub(crate) fn from_parts(device: CudaDevice, inner: Arc<CudaStream>) -> Self {
+        Self { device, inner }
+    }
+
+    /// The device this stream belongs to.
+    pub fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    pub(crate) fn raw(&self) -> &Arc<CudaStream> {
+        &self.inner
+    }
+
+    /// Makes this the stream that ops on its device use on this thread, until the guard drops.
+    ///
+    /// ```no_run
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{cuda::CudaDevice, ops, Device, Tensor};
+    /// let dev = CudaDevice::get(0)?;
+    /// let side = dev.new_stream()?;
+    /// let a = Tensor::from_vec(vec![1.0f32; 1024], [1024], Device::Cuda(0))?;
+    /// {
+    ///     let _on_side = side.make_current();
+    ///     let _b = ops::add(&a, &a)?; // runs on `side`
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn make_current(&self) -> StreamGuard {
+        CURRENT.with(|c| c.borrow_mut().push(self.clone()));
+        StreamGuard { _not_send: std::marker::PhantomData }
+    }
+
+    /// Blocks until all work queued on this stream has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize().map_err(|source| self.device.driver_error("cuStreamSynchronize", source))
+    }
+
+    /// Records an event at this point of the stream, with timing enabled.
+    pub fn record_event(&self) -> Result<Event> {
+        let event = self
+            .device
+            .context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|source| self.device.driver_error("cuEventCreate", source))?;
+        event.record(&self.inner).map_err(|source| self.device.driver_error("cuEventRecord", source))?;
+        Ok(Event { device: self.device.clone(), inner: event })
+    }
+
+    /// Makes later work on this stream wait until `event` has completed.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        self.inner.wait(&event.inner).map_err(|source| self.device.driver_error("cuStreamWaitEvent", source))
+    }
+}
+
+/// A point in a stream, for ordering other streams after it and for timing.
+pub struct Event {
+    device: CudaDevice,
+    inner: CudaEvent,
+}
+
+impl Event {
+    /// Blocks until the work before the event has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize().map_err(|source| self.device.driver_error("cuEventSynchronize", source))
+    }
+
+    /// Milliseconds between this event and a later one (both must have completed).
+    pub fn elapsed_ms(&self, later: &Event) -> Result<f32> {
+        later.synchronize()?;
+        self.inner.elapsed_ms(&later.inner).map_err(|source| self.device.driver_error("cuEventElapsedTime", source))
+    }
+}
+
+impl From<&Stream> for crate::Device {
+    fn from(s: &Stream) -> Self {
+        s.device.device()
+    }
+}

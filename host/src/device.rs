@@ -1,0 +1,41 @@
+//! Where a tensor lives.
+use crate::cuda;
+
+/// A device: the CPU, or a CUDA GPU by ordinal.
+///
+/// A `Device` is only a name; the CUDA context, stream and loaded kernels behind `Cuda(n)` are
+/// created on first use and shared by everything on that device ([`cuda::CudaDevice`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    /// The host CPU, through the `ndarray` backend.
+    #[default]
+    Cpu,
+    /// The CUDA device with this ordinal.
+    Cuda(usize),
+}
+
+impl Device {
+    /// `Cuda(0)` when a CUDA driver and at least one device are present, else `Cpu`.
+    ///
+    /// ```
+    /// let device = opsmith_host::Device::cuda_if_available();
+    /// println!("running on {device}");
+    /// ```
+    pub fn cuda_if_available() -> Device {
+        if cuda::device_count().unwrap_or(0) > 0 { Device::Cuda(0) } else { Device::Cpu }
+    }
+
+    /// Whether this is a CUDA device.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Element types.
+use crate::tensor::storage::CpuBuffer;
+use half::{bf16, f16};
+
+/// The element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE 754 binary32.
+    F32,
+    /// IEEE 754 binary16. Arithmetic runs in f32.
+    F16,
+    /// bfloat16. Arithmetic runs in f32.
+    BF16,
+    /// IEEE 754 binary64. CPU ops only; CUDA tensors of f64 can be stored and copied.
+    F64,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size_in_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::F64 => 8,
+        }
+    }
+
+    /// The lower-case name, as in kernel names (`f32`, `f16`, `bf16`, `f64`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F64 => "f64",
+        }
+    }
+
+    /// The unit roundoff (half the gap between 1 and the next value): the scale for tolerances.
+    pub const fn unit_roundoff(self) -> f64 {
+        match self {
+            DType::F32 => f32::EPSILON as f64 / 2.0,
+            DType::F16 => 4.8828125e-4, // 2^-11
+            DType::BF16 => 3.90625e-3,  // 2^-8
+            DType::F64 => f64::EPSILON / 2.0,
+        }
+    }
+
+    /// Every dtype.
+    pub const ALL: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// A Rust type that a tensor can hold: `f32`, `f64`, [`f16`] and [`bf16`].
+pub trait Element: sealed::Sealed + bytemuck::Pod + Copy + Send + Sync + std::fmt::Debug + PartialEq + 'static {
+    /// The matching [`DType`].
+    const DTYPE: DType;
+    /// The type CPU arithmetic runs in (f32, or f64 for f64), as on the GPU.
+    type Acc: Accumulator;
+    /// Widens to the arithmetic type.
+    fn to_acc(self) -> Self::Acc;
+    /// Narrows from the arithmetic type, rounding to nearest even.
+    fn from_acc(x: Self::Acc) -> Self;
+    /// Converts to f64 (exact for every dtype).
+    fn to_f64(self) -> f64;
+    /// Converts from f64, rounding to nearest even.
+    fn from_f64(x: f64) -> Self;
+    #[doc(hidden)]
+    fn cpu_slice(buf: &CpuBuffer) -> Option<&[Self]>;
+    #[doc(hidden)]
+    fn cpu_slice_mut(buf: &mut CpuBuffer) -> Option<&mut [Self]>;
+    #[doc(hidden)]
+    fn into_cpu_buffer(data: Vec<Self>) -> CpuBuffer;
+}
+
+/// Arithmetic the CPU backend runs in: f32 or f64.
+pub trait Accumulator:
+    Copy + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> + std::ops::Sub<Output = Self> + PartialOrd
+{
+    /// `a * b + c` with one rounding, as the GPU's `fma.rn`.
+    fn fma(a: Self, b: Self, c: Self) -> Self;
+}
+
+impl Accumulator for f32 {
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+impl Accumulator for f64 {
+    #[inline(always)]
+    fn fma(a: f64, b: f64, c: f64) -> f64 {
+        a.mul_add(b, c)
+    }
+}
+
+macro_rules! element {
+    ($ty:ty, $dtype:ident, $acc:ty, $to_acc:expr, $from_acc:expr, $to_f64:expr, $from_f64:expr) => {
+        impl Element for $ty {
+            const DTYPE: DType = DType::$dtype;
+            type Acc = $acc;
+            #[inline(always)]
+            fn to_acc(self) -> $acc {
+                $to_acc(self)
+            }
+            #[inline(always)]
+            fn from_acc(x: $acc) -> Self {
+                $from_acc(x)
+            }
+            fn to_f64(self) -> f64 {
+                $to_f64(self)
+            }
+            fn from_f64(x: f64) -> Self {
+                $from_f64(x)
+            }
+            fn cpu_slice(buf: &CpuBuffer) -> Option<&[Self]> {
+                match buf {
+                    CpuBuffer::$dtype(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn cpu_slice_mut(buf: &mut CpuBuffer) -> Option<&mut [Self]> {
+                match buf {
+                    CpuBuffer::$dtype(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn into_cpu_buffer(data: Vec<Self>) -> CpuBuffer {
+                CpuBuffer::$dtype(data)
+            }
+        }
+    };
+}
+
+element!(f32, F32, f32, |x| x, |x| x, |x: f32| x as f64, |x: f64| x as f32);
+element!(f64, F64, f64, |x| x, |x| x, |x| x, |x| x);
+element!(f16, F16, f32, f16::to_f32, f16::from_f32, f16::to_f64, f16::from_f64);
+element!(bf16, BF16, f32, bf16::to_f32, bf16::from_f32, bf16::to_f64, bf16::from_f64);
+
+/// Calls `$body` with `$T` bound to the Rust type of `$dtype`.
+macro_rules! with_element_type {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_element_type;

@@ -1,0 +1,215 @@
+//! The one error type of `opsmith-host`. Every variant names the operation (or kernel) and the
+//! offending shape, dtype or device, so a message is enough to find the call that failed.
+use crate::{DType, Device};
+use cudarc::driver::DriverError;
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in `opsmith-host`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Operands of an op have different shapes.
+    #[error("{op}: shape mismatch: {lhs:?} vs {rhs:?}")]
+    ShapeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The first operand's shape.
+        lhs: Vec<usize>,
+        /// The offending operand's shape.
+        rhs: Vec<usize>,
+    },
+    /// Operands of an op have different dtypes.
+    #[error("{op}: dtype mismatch: {lhs} vs {rhs}")]
+    DTypeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The first operand's dtype.
+        lhs: DType,
+        /// The offending operand's dtype.
+        rhs: DType,
+    },
+    /// Operands of an op live on different devices.
+    #[error("{op}: device mismatch: {lhs} vs {rhs}")]
+    DeviceMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The first operand's device.
+        lhs: Device,
+        /// The offending operand's device.
+        rhs: Device,
+    },
+    /// The op has no implementation for this dtype on this device.
+    #[error("{op}: dtype {dtype} is not supported on {device}")]
+    UnsupportedDType {
+        /// The operation.
+        op: &'static str,
+        /// The dtype.
+        dtype: DType,
+        /// The device.
+        device: Device,
+    },
+    /// The number of values does not match the shape.
+    #[error("{op}: shape {shape:?} holds {expected} elements, but {actual} were given")]
+    ElementCount {
+        /// The operation.
+        op: &'static str,
+        /// The requested shape.
+        shape: Vec<usize>,
+        /// Elements the shape holds.
+        expected: usize,
+        /// Elements supplied.
+        actual: usize,
+    },
+    /// A view reaches past the end of its tensor.
+    #[error("{op}: range {start}..{end} is outside a tensor of {len} elements")]
+    OutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// First element of the requested range.
+        start: usize,
+        /// One past the last element of the requested range.
+        end: usize,
+        /// Elements in the tensor.
+        len: usize,
+    },
+    /// An output overlaps an input without being exactly that input, or two outputs overlap.
+    #[error("{op}: output {output} partially overlaps another operand; use a separate tensor or exactly the same one")]
+    Overlap {
+        /// The operation.
+        op: &'static str,
+        /// Which output (0-based).
+        output: usize,
+    },
+    /// A typed read asked for a different element type than the tensor holds.
+    #[error("{op}: the tensor holds {actual}, not {requested}")]
+    ElementType {
+        /// The operation.
+        op: &'static str,
+        /// The type asked for.
+        requested: DType,
+        /// The tensor's dtype.
+        actual: DType,
+    },
+    /// The element count is too large for one launch's indexing.
+    #[error("{op}: {elements} elements exceed the {limit} one launch can index")]
+    TooLarge {
+        /// The operation or kernel.
+        op: String,
+        /// The element count.
+        elements: u64,
+        /// The largest count allowed.
+        limit: u64,
+    },
+    /// A launch's block size is not a multiple of 32 in 32..=1024.
+    #[error("{kernel}: invalid block size {block}: it must be a multiple of 32 between 32 and 1024")]
+    InvalidBlockSize {
+        /// The kernel.
+        kernel: String,
+        /// The rejected block size.
+        block: u32,
+    },
+    /// A launch's grid is empty or larger than the hardware allows.
+    #[error("{kernel}: invalid grid of {blocks} blocks: it must be between 1 and {max}")]
+    InvalidGrid {
+        /// The kernel.
+        kernel: String,
+        /// The requested block count.
+        blocks: u64,
+        /// The largest allowed.
+        max: u64,
+    },
+    /// The CUDA driver library could not be loaded.
+    #[error(
+        "no CUDA driver: libcuda could not be loaded (is an NVIDIA driver installed, and is the \
+         library on the loader path?). Use Device::Cpu, or Device::cuda_if_available()"
+    )]
+    NoCudaDriver,
+    /// The requested CUDA device does not exist.
+    #[error("cuda:{ordinal} does not exist: {count} CUDA device(s) visible")]
+    NoSuchDevice {
+        /// The requested ordinal.
+        ordinal: usize,
+        /// Devices the driver reports.
+        count: usize,
+    },
+    /// A CUDA driver call failed.
+    #[error("{call} on {device} failed: {source}")]
+    Driver {
+        /// What was being done.
+        call: &'static str,
+        /// The device.
+        device: Device,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
+    /// The device has too little free memory.
+    #[error("out of memory on {device}: allocating {bytes} bytes failed")]
+    OutOfMemory {
+        /// The device.
+        device: Device,
+        /// The allocation size.
+        bytes: usize,
+    },
+    /// The driver refused to launch a kernel.
+    #[error("launching kernel `{kernel}` on {device} failed: {source}")]
+    Launch {
+        /// The kernel.
+        kernel: String,
+        /// The device.
+        device: Device,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
+    /// A kernel faulted while running (reported at the launch with `OPSMITH_LAUNCH_BLOCKING=1`).
+    #[error("kernel `{kernel}` on {device} faulted: {source}")]
+    KernelFault {
+        /// The kernel.
+        kernel: String,
+        /// The device.
+        device: Device,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
+    /// A PTX module could not be loaded.
+    #[error("loading PTX module `{module}` on {device} failed: {reason}")]
+    ModuleLoad {
+        /// The module's name.
+        module: String,
+        /// The device.
+        device: Device,
+        /// The driver's error and its JIT log.
+        reason: String,
+    },
+    /// A module has no kernel of that name.
+    #[error("module `{module}` has no kernel `{kernel}`")]
+    KernelNotFound {
+        /// The module's name.
+        module: String,
+        /// The requested kernel.
+        kernel: String,
+    },
+    /// A value the caller supplied is not valid for the call.
+    #[error("{op}: {reason}")]
+    InvalidArgument {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// Maps a driver error to [`Error::OutOfMemory`] when it is one, else to [`Error::Driver`].
+    pub(crate) fn from_alloc(device: Device, bytes: usize, source: DriverError) -> Self {
+        if source.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            Error::OutOfMemory { device, bytes }
+        } else {
+            Error::Driver { call: "memory allocation", device, source }
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! opsmith's runtime: devices, streams and events, tensors that own memory on a device, checked
+//! kernel launches, module loading, and a CPU backend on `ndarray` that implements every op the
+//! GPU does.
+//!
+//! ```
+//! use opsmith_host::{Device, Tensor, ops};
+//!
+//! # fn main() -> opsmith_host::Result<()> {
+//! let device = Device::cuda_if_available(); // CUDA device 0 if there is one, else the CPU
+//! let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], device)?;
+//! let b = Tensor::from_vec(vec![4.0f32, 5.0, 6.0], [3], device)?;
+//! let c = Tensor::from_vec(vec![0.5f32, 0.5, 0.5], [3], device)?;
+//! let d = ops::fused_mul_add(&a, &b, &c)?; // d = a * b + c in one pass
+//! assert_eq!(d.to_vec::<f32>()?, [4.5, 10.5, 18.5]);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Layout: [`device`] names devices; [`cuda`] holds the CUDA runtime (contexts, streams,
+//! events, modules, launches); [`tensor`] the tensor type; [`ops`] the operations, each with its
+//! CPU and CUDA halves side by side; [`error`] the one error type.
+#![warn(missing_docs)]
+
+pub mod cuda;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod ops;
+pub mod tensor;
+
+pub use device::Device;
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use half::{bf16, f16};
+pub use tensor::{Shape, Tensor};

@@ -1,0 +1,74 @@
+//! Small reusable operand checks. Each returns the typed error naming the op and the offending
+//! value; callers chain them with `?`.
+use super::Elementwise;
+use crate::{Error, Result, Tensor};
+use std::sync::Arc;
+
+/// All tensors are on the first one's device.
+pub(crate) fn same_device(op: &'static str, ts: &[&Tensor]) -> Result<()> {
+    let first = ts[0].device();
+    match ts.iter().find(|t| t.device() != first) {
+        Some(t) => Err(Error::DeviceMismatch { op, lhs: first, rhs: t.device() }),
+        None => Ok(()),
+    }
+}
+
+/// All tensors have the first one's dtype.
+pub(crate) fn same_dtype(op: &'static str, ts: &[&Tensor]) -> Result<()> {
+    let first = ts[0].dtype();
+    match ts.iter().find(|t| t.dtype() != first) {
+        Some(t) => Err(Error::DTypeMismatch { op, lhs: first, rhs: t.dtype() }),
+        None => Ok(()),
+    }
+}
+
+/// All tensors have the first one's shape.
+pub(crate) fn same_shape(op: &'static str, ts: &[&Tensor]) -> Result<()> {
+    let first = ts[0].dims();
+    match ts.iter().find(|t| t.dims() != first) {
+        Some(t) => Err(Error::ShapeMismatch { op, lhs: first.to_vec(), rhs: t.dims().to_vec() }),
+        None => Ok(()),
+    }
+}
+
+/// Device, dtype and shape all agree.
+pub(crate) fn same_layout(op: &'static str, ts: &[&Tensor]) -> Result<()> {
+    same_device(op, ts)?;
+    same_dtype(op, ts)?;
+    same_shape(op, ts)
+}
+
+fn overlaps(a: &Tensor, b: &Tensor) -> bool {
+    Arc::ptr_eq(&a.storage, &b.storage) && a.offset < b.offset + b.elem_count() && b.offset < a.offset + a.elem_count()
+}
+
+fn identical(a: &Tensor, b: &Tensor) -> bool {
+    Arc::ptr_eq(&a.storage, &b.storage) && a.offset == b.offset && a.elem_count() == b.elem_count()
+}
+
+/// Each output is exactly an input or overlaps no input, and outputs do not overlap each other.
+pub(crate) fn no_partial_overlap(op: &'static str, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
+    for (k, out) in outputs.iter().enumerate() {
+        if inputs.iter().any(|i| overlaps(out, i) && !identical(out, i))
+            || outputs[..k].iter().any(|o| overlaps(out, o))
+        {
+            return Err(Error::Overlap { op, output: k });
+        }
+    }
+    Ok(())
+}
+
+/// The full check of an elementwise op: arity, then one device, dtype and shape for every
+/// operand, then aliasing.
+pub(crate) fn elementwise(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
+    let (n_in, n_out) = op.arity();
+    if inputs.len() != n_in || !(outputs.is_empty() || outputs.len() == n_out) {
+        return Err(Error::InvalidArgument {
+            op: op.name(),
+            reason: format!("takes {n_in} inputs and {n_out} outputs, got {} and {}", inputs.len(), outputs.len()),
+        });
+    }
+    let all: Vec<&Tensor> = inputs.iter().chain(outputs).copied().collect();
+    same_layout(op.name(), &all)?;
+    no_partial_overlap(op.name(), inputs, outputs)
+}

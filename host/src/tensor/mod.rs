@@ -1,0 +1,369 @@
+//! The tensor type.
+mod shape;
+#[doc(hidden)]
+pub mod storage;
+
+pub use shape::Shape;
+
+use crate::cuda::CudaDevice;
+use crate::dtype::with_element_type;
+use crate::{DType, Device, Element, Error, Result};
+use cudarc::driver::DevicePtr;
+use ndarray::{ArrayBase, ArrayD, Data, Dimension, IxDyn};
+use std::sync::Arc;
+use storage::{CpuBuffer, Storage, StorageData};
+
+/// An n-dimensional array that owns (or shares) memory on one device.
+///
+/// A tensor is always contiguous and row-major: it is a shape over a contiguous run of elements
+/// of its storage, starting at an offset. Cloning a `Tensor`, [`Tensor::narrow`] and
+/// [`Tensor::reshape`] share the memory; [`Tensor::copy`] and [`Tensor::to_device`] copy it.
+/// Because every tensor is contiguous, no op needs to check or fix strides; an `ndarray` input
+/// in another layout is copied into row-major order by [`Tensor::from_array`].
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Device, Tensor};
+/// let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), [2, 3], Device::Cpu)?;
+/// let tail = t.narrow(1, 4)?; // elements 1..5, sharing t's memory
+/// assert_eq!(tail.to_vec::<f32>()?, [1.0, 2.0, 3.0, 4.0]);
+/// assert!(tail.shares_storage(&t));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) offset: usize,
+    pub(crate) shape: Shape,
+    pub(crate) dtype: DType,
+    pub(crate) device: Device,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?}, {}, {}", self.shape.dims(), self.dtype, self.device)?;
+        if self.offset != 0 {
+            write!(f, ", offset {}", self.offset)?;
+        }
+        f.write_str(")")
+    }
+}
+
+fn element_count(op: &'static str, shape: &Shape) -> Result<usize> {
+    shape.checked_elem_count().ok_or_else(|| Error::TooLarge {
+        op: op.into(),
+        elements: u64::MAX,
+        limit: usize::MAX as u64,
+    })
+}
+
+impl Tensor {
+    /// A tensor holding `data` in row-major order.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>, device: Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let expected = element_count("Tensor::from_vec", &shape)?;
+        if expected != data.len() {
+            return Err(Error::ElementCount {
+                op: "Tensor::from_vec",
+                shape: shape.dims().to_vec(),
+                expected,
+                actual: data.len(),
+            });
+        }
+        match device {
+            Device::Cpu => Ok(Tensor {
+                storage: Storage::cpu(T::into_cpu_buffer(data)),
+                offset: 0,
+                shape,
+                dtype: T::DTYPE,
+                device,
+            }),
+            Device::Cuda(ordinal) => {
+                let stream = CudaDevice::get(ordinal)?.current_stream();
+                let t = Tensor::uninit_on(&stream, shape, T::DTYPE)?;
+                t.write_host(&stream, bytemuck::cast_slice(&data))?;
+                Ok(t)
+            }
+        }
+    }
+
+    /// A tensor holding a copy of `data` in row-major order.
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>, device: Device) -> Result<Tensor> {
+        Tensor::from_vec(data.to_vec(), shape, device)
+    }
+
+    /// A tensor with the shape and values of an `ndarray` array, in row-major order whatever the
+    /// array's own layout.
+    pub fn from_array<T: Element, S: Data<Elem = T>, D: Dimension>(
+        array: &ArrayBase<S, D>,
+        device: Device,
+    ) -> Result<Tensor> {
+        let data: Vec<T> = array.iter().copied().collect();
+        Tensor::from_vec(data, array.shape().to_vec(), device)
+    }
+
+    /// A tensor of `shape` with every element `value` (rounded to `dtype`).
+    pub fn full(value: f64, shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = element_count("Tensor::full", &shape)?;
+        with_element_type!(dtype, T => Tensor::from_vec(vec![T::from_f64(value); n], shape, device))
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full(0.0, shape, dtype, device)
+    }
+
+    /// A tensor whose contents are unspecified until an op writes them (zeros on the CPU,
+    /// uninitialised memory on CUDA). For op outputs, which overwrite every element.
+    pub(crate) fn empty(shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
+        match device {
+            Device::Cpu => Tensor::zeros(shape, dtype, device),
+            Device::Cuda(ordinal) => Tensor::uninit_on(&CudaDevice::get(ordinal)?.current_stream(), shape, dtype),
+        }
+    }
+
+    fn uninit_on(stream: &crate::cuda::Stream, shape: Shape, dtype: DType) -> Result<Tensor> {
+        let n = element_count("Tensor::empty", &shape)?;
+        let bytes = n.checked_mul(dtype.size_in_bytes()).ok_or(Error::TooLarge {
+            op: "Tensor::empty".into(),
+            elements: n as u64,
+            limit: (usize::MAX / dtype.size_in_bytes()) as u64,
+        })?;
+        let storage = Storage::cuda_uninit(stream, bytes)?;
+        Ok(Tensor { storage, offset: 0, shape, dtype, device: stream.device().device() })
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device the memory lives on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The number of elements.
+    pub fn elem_count(&self) -> usize {
+        // Every constructor checked that the product fits.
+        self.shape.checked_elem_count().unwrap_or(0)
+    }
+
+    /// The position of the first element in the underlying storage, in elements.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Whether `self` and `other` share memory (one is a view of the other, or both of a third).
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// A counter of writes to this tensor's storage; it changes whenever an op writes into the
+    /// storage in place.
+    pub fn version(&self) -> u64 {
+        self.storage.version()
+    }
+
+    /// A 1-D view of the `len` elements starting at flat index `start`, sharing memory.
+    ///
+    /// This is how data at an arbitrary offset (and so at an arbitrary alignment) reaches the
+    /// kernels; they take a scalar path when a pointer is not 16-byte aligned.
+    pub fn narrow(&self, start: usize, len: usize) -> Result<Tensor> {
+        let n = self.elem_count();
+        let end = start.checked_add(len).filter(|&e| e <= n);
+        let Some(_) = end else {
+            return Err(Error::OutOfRange { op: "Tensor::narrow", start, end: start.saturating_add(len), len: n });
+        };
+        Ok(Tensor { offset: self.offset + start, shape: Shape::from(vec![len]), ..self.clone() })
+    }
+
+    /// The same elements under another shape with the same element count, sharing memory.
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        let expected = element_count("Tensor::reshape", &shape)?;
+        if expected != self.elem_count() {
+            return Err(Error::ElementCount {
+                op: "Tensor::reshape",
+                shape: shape.dims().to_vec(),
+                expected,
+                actual: self.elem_count(),
+            });
+        }
+        Ok(Tensor { shape, ..self.clone() })
+    }
+
+    /// The elements in row-major order. Fails with [`Error::ElementType`] if `T` is not the
+    /// tensor's dtype. On CUDA this waits for the work that writes the tensor.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::ElementType { op: "Tensor::to_vec", requested: T::DTYPE, actual: self.dtype });
+        }
+        let range = self.offset..self.offset + self.elem_count();
+        match &self.storage.data {
+            StorageData::Cpu(buf) => {
+                let buf = buf.read_recursive();
+                let slice = T::cpu_slice(&buf).ok_or(Error::ElementType {
+                    op: "Tensor::to_vec",
+                    requested: T::DTYPE,
+                    actual: buf.dtype(),
+                })?;
+                Ok(slice[range].to_vec())
+            }
+            StorageData::Cuda { device, bytes } => {
+                let mut out = vec![T::from_f64(0.0); range.len()];
+                if out.is_empty() {
+                    return Ok(out);
+                }
+                let stream = device.current_stream();
+                let size = self.dtype.size_in_bytes();
+                let bytes = bytes.read_recursive();
+                let view = bytes.slice(range.start * size..range.end * size);
+                device.bind()?;
+                stream
+                    .raw()
+                    .memcpy_dtoh(&view, bytemuck::cast_slice_mut::<T, u8>(&mut out))
+                    .map_err(|e| device.driver_error("copying device to host", e))?;
+                stream.synchronize()?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// The tensor as an `ndarray` array of its shape.
+    pub fn to_array<T: Element>(&self) -> Result<ArrayD<T>> {
+        let data = self.to_vec::<T>()?;
+        ArrayD::from_shape_vec(IxDyn(self.dims()), data)
+            .map_err(|e| Error::InvalidArgument { op: "Tensor::to_array", reason: e.to_string() })
+    }
+
+    /// A copy on `device` (a fresh tensor even when `device` is the current one).
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device {
+            return self.copy();
+        }
+        with_element_type!(self.dtype, T => Tensor::from_vec(self.to_vec::<T>()?, self.shape.clone(), device))
+    }
+
+    /// A fresh contiguous copy on the same device.
+    pub fn copy(&self) -> Result<Tensor> {
+        match &self.storage.data {
+            StorageData::Cpu(_) => {
+                with_element_type!(self.dtype, T => Tensor::from_vec(self.to_vec::<T>()?, self.shape.clone(), self.device))
+            }
+            StorageData::Cuda { device, bytes } => {
+                let stream = device.current_stream();
+                let out = Tensor::uninit_on(&stream, self.shape.clone(), self.dtype)?;
+                let size = self.dtype.size_in_bytes();
+                let n = self.elem_count();
+                if n > 0 {
+                    let src = bytes.read_recursive();
+                    let src = src.slice(self.offset * size..(self.offset + n) * size);
+                    let StorageData::Cuda { bytes: dst, .. } = &out.storage.data else {
+                        unreachable!("allocated on CUDA")
+                    };
+                    let mut dst = dst.write();
+                    device.bind()?;
+                    stream
+                        .raw()
+                        .memcpy_dtod(&src, &mut *dst)
+                        .map_err(|e| device.driver_error("copying device to device", e))?;
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// The values converted to `dtype` (rounded to nearest even), as a new tensor on the same
+    /// device. Goes through host memory.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        let values: Vec<f64> =
+            with_element_type!(self.dtype, T => self.to_vec::<T>()?.into_iter().map(T::to_f64).collect());
+        with_element_type!(dtype, U => Tensor::from_vec(values.into_iter().map(U::from_f64).collect::<Vec<U>>(), self.shape.clone(), self.device))
+    }
+
+    /// Sets every element to `value` (rounded to the dtype), in place: every view of the same
+    /// memory sees it. Tests use it to poison outputs.
+    pub fn fill_(&self, value: f64) -> Result<()> {
+        let n = self.elem_count();
+        with_element_type!(self.dtype, T => self.write_values::<T>(&vec![T::from_f64(value); n]))
+    }
+
+    /// Overwrites this tensor's elements with `src`'s (same shape, dtype and device), in place.
+    pub fn copy_from_(&self, src: &Tensor) -> Result<()> {
+        crate::ops::check::same_layout("Tensor::copy_from_", &[self, src])?;
+        with_element_type!(self.dtype, T => self.write_values::<T>(&src.to_vec::<T>()?))
+    }
+
+    fn write_values<T: Element>(&self, values: &[T]) -> Result<()> {
+        match &self.storage.data {
+            StorageData::Cpu(buf) => {
+                let mut buf = buf.write();
+                let actual = buf.dtype();
+                let slice = T::cpu_slice_mut(&mut buf).ok_or(Error::ElementType {
+                    op: "Tensor::write",
+                    requested: T::DTYPE,
+                    actual,
+                })?;
+                slice[self.offset..self.offset + values.len()].copy_from_slice(values);
+                self.storage.bump_version();
+                Ok(())
+            }
+            StorageData::Cuda { device, .. } => self.write_host(&device.current_stream(), bytemuck::cast_slice(values)),
+        }
+    }
+
+    /// Copies `data` (exactly this tensor's bytes) from the host into this tensor's range.
+    fn write_host(&self, stream: &crate::cuda::Stream, data: &[u8]) -> Result<()> {
+        let StorageData::Cuda { device, bytes } = &self.storage.data else {
+            return Err(Error::DeviceMismatch { op: "Tensor::write", lhs: self.device, rhs: Device::Cpu });
+        };
+        if data.is_empty() {
+            return Ok(());
+        }
+        let start = self.offset * self.dtype.size_in_bytes();
+        let mut bytes = bytes.write();
+        let mut view = bytes.slice_mut(start..start + data.len());
+        device.bind()?;
+        stream.raw().memcpy_htod(data, &mut view).map_err(|e| device.driver_error("copying host to device", e))?;
+        self.storage.bump_version();
+        Ok(())
+    }
+
+    /// The device address of the first element (CUDA tensors only), for diagnostics and tests of
+    /// alignment.
+    pub fn device_address(&self) -> Option<u64> {
+        match &self.storage.data {
+            StorageData::Cpu(_) => None,
+            StorageData::Cuda { device, bytes } => {
+                let bytes = bytes.read_recursive();
+                let stream = device.current_stream();
+                let (base, _sync) = bytes.device_ptr(stream.raw());
+                Some(base + (self.offset * self.dtype.size_in_bytes()) as u64)
+            }
+        }
+    }
+}
+
+impl CpuBuffer {
+    #[allow(dead_code)]
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            CpuBuffer::F32(v) => v.len(),
+            CpuBuffer::F16(v) => v.len(),
+            CpuBuffer::BF16(v) => v.len(),
+            CpuBuffer::F64(v) => v.len(),
+        }
+    }
+}

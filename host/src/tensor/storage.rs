@@ -1,0 +1,136 @@
+//! Memory behind tensors, shared between a tensor and its views.
+use crate::cuda::{CudaDevice, Stream};
+use crate::{DType, Device, Error, Result, Tensor};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Host memory of one dtype.
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub enum CpuBuffer {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+    BF16(Vec<half::bf16>),
+    F64(Vec<f64>),
+}
+
+impl CpuBuffer {
+    pub(crate) fn dtype(&self) -> DType {
+        match self {
+            CpuBuffer::F32(_) => DType::F32,
+            CpuBuffer::F16(_) => DType::F16,
+            CpuBuffer::BF16(_) => DType::BF16,
+            CpuBuffer::F64(_) => DType::F64,
+        }
+    }
+}
+
+/// The memory of a tensor and its views, with a version that counts in-place writes (autograd
+/// uses it to detect a saved tensor modified before backward).
+pub(crate) struct Storage {
+    pub(crate) data: StorageData,
+    version: AtomicU64,
+}
+
+pub(crate) enum StorageData {
+    Cpu(RwLock<CpuBuffer>),
+    /// Device memory as raw bytes: kernels see only pointers, and the tensor knows the dtype.
+    Cuda {
+        device: CudaDevice,
+        bytes: RwLock<CudaSlice<u8>>,
+    },
+}
+
+impl Storage {
+    pub(crate) fn cpu(buf: CpuBuffer) -> Arc<Self> {
+        Arc::new(Self { data: StorageData::Cpu(RwLock::new(buf)), version: AtomicU64::new(0) })
+    }
+
+    /// Uninitialised device memory for `bytes` bytes, allocated on `stream`.
+    pub(crate) fn cuda_uninit(stream: &Stream, bytes: usize) -> Result<Arc<Self>> {
+        let device = stream.device().clone();
+        device.bind()?;
+        let slice = if bytes == 0 {
+            stream.raw().null::<u8>()
+        } else {
+            // SAFETY: the memory is uninitialised; every constructor that calls this writes all
+            // of it (an upload, a fill, or an op's output) before anyone reads it.
+            unsafe { stream.raw().alloc::<u8>(bytes) }
+        }
+        .map_err(|e| Error::from_alloc(device.device(), bytes, e))?;
+        Ok(Arc::new(Self { data: StorageData::Cuda { device, bytes: RwLock::new(slice) }, version: AtomicU64::new(0) }))
+    }
+
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn bump_version(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+enum CudaGuard<'a> {
+    Read(RwLockReadGuard<'a, CudaSlice<u8>>),
+    Write(RwLockWriteGuard<'a, CudaSlice<u8>>),
+}
+
+/// Calls `f` with device pointers to the first element of each of `reads` and `writes` (in the
+/// order given), valid on `stream` for the duration of `f`.
+///
+/// Each distinct storage is locked once (for writing if any tensor in `writes` uses it), in
+/// address order so that concurrent callers cannot deadlock. Work queued by `f` is ordered after
+/// earlier writes to the same memory on other streams, and later users wait for it.
+pub(crate) fn with_cuda_ptrs<R>(
+    stream: &Stream,
+    reads: &[&Tensor],
+    writes: &[&Tensor],
+    f: impl FnOnce(&[u64], &[u64]) -> Result<R>,
+) -> Result<R> {
+    let mut storages: Vec<(*const Storage, &Storage, bool)> = Vec::new();
+    for (t, write) in reads.iter().map(|t| (t, false)).chain(writes.iter().map(|t| (t, true))) {
+        let ptr = Arc::as_ptr(&t.storage);
+        match storages.iter_mut().find(|(p, _, _)| *p == ptr) {
+            Some(entry) => entry.2 |= write,
+            None => storages.push((ptr, &t.storage, write)),
+        }
+    }
+    storages.sort_by_key(|(p, _, _)| *p as usize);
+
+    let mut guards = Vec::with_capacity(storages.len());
+    for (_, storage, write) in &storages {
+        let StorageData::Cuda { bytes, .. } = &storage.data else {
+            return Err(Error::DeviceMismatch { op: "launch", lhs: stream.device().device(), rhs: Device::Cpu });
+        };
+        guards.push(if *write { CudaGuard::Write(bytes.write()) } else { CudaGuard::Read(bytes.read_recursive()) });
+    }
+    for (_, storage, write) in &storages {
+        if *write {
+            storage.bump_version();
+        }
+    }
+    let raw_stream = stream.raw();
+    let mut bases = Vec::with_capacity(guards.len());
+    let mut syncs: Vec<SyncOnDrop<'_>> = Vec::with_capacity(guards.len());
+    for guard in guards.iter_mut() {
+        let (ptr, sync) = match guard {
+            CudaGuard::Read(g) => g.device_ptr(raw_stream),
+            CudaGuard::Write(g) => g.device_ptr_mut(raw_stream),
+        };
+        bases.push(ptr);
+        syncs.push(sync);
+    }
+    let address = |t: &Tensor| {
+        let index = storages.iter().position(|(p, _, _)| *p == Arc::as_ptr(&t.storage)).unwrap_or(0);
+        bases[index] + (t.offset * t.dtype.size_in_bytes()) as u64
+    };
+    let read_ptrs: Vec<u64> = reads.iter().map(|t| address(t)).collect();
+    let write_ptrs: Vec<u64> = writes.iter().map(|t| address(t)).collect();
+    let result = f(&read_ptrs, &write_ptrs);
+    // Record the reads and writes on `stream` before the locks are released.
+    drop(syncs);
+    drop(guards);
+    result
+}

@@ -1,0 +1,54 @@
+//! Thread indices and grid-stride loops.
+//!
+//! Every index is widened to `u64` before it is multiplied, so a launch over more than 2^32
+//! elements never wraps.
+use core::arch::nvptx;
+
+/// The calling thread's index in the whole 1-D grid: `blockIdx.x * blockDim.x + threadIdx.x`.
+#[inline(always)]
+pub fn global_thread_index() -> u64 {
+    // SAFETY: reading the special registers has no preconditions.
+    unsafe { nvptx::_block_idx_x() as u64 * nvptx::_block_dim_x() as u64 + nvptx::_thread_idx_x() as u64 }
+}
+
+/// The number of threads in the whole 1-D grid: `gridDim.x * blockDim.x`.
+#[inline(always)]
+pub fn grid_thread_count() -> u64 {
+    // SAFETY: reading the special registers has no preconditions.
+    unsafe { nvptx::_grid_dim_x() as u64 * nvptx::_block_dim_x() as u64 }
+}
+
+/// The indices `start + t, start + t + T, start + t + 2T, …` below `end`, where `t` is this
+/// thread's global index and `T` the grid's thread count.
+///
+/// Together, the threads of a grid visit every index of `start..end` exactly once, whatever the
+/// grid size, so the host may size the grid for occupancy rather than for the element count.
+#[derive(Clone, Copy)]
+pub struct GridStride {
+    next: u64,
+    end: u64,
+    step: u64,
+}
+
+impl GridStride {
+    /// Grid-stride iteration over `start..end`.
+    #[inline(always)]
+    pub fn over(start: u64, end: u64) -> Self {
+        Self { next: start + global_thread_index(), end, step: grid_thread_count() }
+    }
+}
+
+impl Iterator for GridStride {
+    type Item = u64;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<u64> {
+        if self.next < self.end {
+            let i = self.next;
+            self.next += self.step;
+            Some(i)
+        } else {
+            None
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! opsmith's device-side std: what a kernel needs beyond `core`.
+//!
+//! * [`index`]: the global thread index and grid-stride iteration, in 64-bit arithmetic.
+//! * [`memory`]: 16-byte vector loads and stores and the alignment test that selects them.
+//! * [`math`]: a real fused multiply-add (rustc keeps `a * b + c` as two roundings).
+//! * [`element`]: the storage dtypes (f32, f16, bf16) and their conversions to f32.
+//! * [`elementwise`]: the driver that streams N inputs to M outputs through a per-element closure.
+pub mod element;
+pub mod elementwise;
+pub mod index;
+pub mod math;
+pub mod memory;

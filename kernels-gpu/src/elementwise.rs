@@ -1,0 +1,152 @@
+//! The elementwise kernel family: `add`, `mul`, `fused_mul_add`, `add_mul`, `add_mul_backward`,
+//! one set per storage dtype.
+//!
+//! [`elementwise_family!`] defines, from one list of identifiers, both the `extern "ptx-kernel"`
+//! entry points (on nvptx64 only) and the [`ElementwiseKernels`] name table (everywhere).
+use crate::names::ElementwiseKernels;
+
+macro_rules! elementwise_family {
+    (
+        $(#[$table_doc:meta])*
+        $table:ident, $elem:ty, {
+            add: $add:ident,
+            mul: $mul:ident,
+            fused_mul_add: $fma:ident,
+            add_mul: $add_mul:ident,
+            add_mul_backward: $add_mul_bwd:ident $(,)?
+        }
+    ) => {
+        $(#[$table_doc])*
+        pub const $table: ElementwiseKernels = ElementwiseKernels {
+            add: stringify!($add),
+            mul: stringify!($mul),
+            fused_mul_add: stringify!($fma),
+            add_mul: stringify!($add_mul),
+            add_mul_backward: stringify!($add_mul_bwd),
+        };
+
+        /// `out[i] = a[i] + b[i]` for `i < n`.
+        ///
+        /// Threads map to 16-byte packs in grid-stride order, scalar for the tail or when any
+        /// pointer is not 16-byte aligned; any grid size is correct.
+        ///
+        /// # Safety
+        /// `a`, `b` and `out` are valid for `n` elements and aligned to the element type; `out`
+        /// is either exactly `a` or `b`, or overlaps neither.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $add(a: *const $elem, b: *const $elem, out: *mut $elem, n: u64) {
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a + b]) }
+        }
+
+        /// `out[i] = a[i] * b[i]` for `i < n`.
+        ///
+        /// Thread mapping as for the `add` kernel of this family.
+        ///
+        /// # Safety
+        /// As for `add`: `a`, `b` and `out` are valid for `n` elements and aligned to the element
+        /// type; `out` is either exactly `a` or `b`, or overlaps neither.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $mul(a: *const $elem, b: *const $elem, out: *mut $elem, n: u64) {
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a * b]) }
+        }
+
+        /// `d[i] = a[i] * b[i] + c[i]` for `i < n`, with one rounding in f32 (`fma.rn.f32`),
+        /// then one rounding to the storage dtype.
+        ///
+        /// Thread mapping as for the `add` kernel of this family.
+        ///
+        /// # Safety
+        /// `a`, `b`, `c` and `d` are valid for `n` elements and aligned to the element type; `d`
+        /// is either exactly one of the inputs or overlaps none of them.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fma(a: *const $elem, b: *const $elem, c: *const $elem, d: *mut $elem, n: u64) {
+            use crate::device::math::fma;
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe { crate::device::elementwise::map_elementwise::<$elem, 3, 1>([a, b, c], [d], n, |[a, b, c]| [fma(a, b, c)]) }
+        }
+
+        /// `z[i] = (x[i] + y[i]) * w[i]` for `i < n`, in f32 with the sum rounded to f32.
+        ///
+        /// Thread mapping as for the `add` kernel of this family.
+        ///
+        /// # Safety
+        /// `x`, `y`, `w` and `z` are valid for `n` elements and aligned to the element type; `z`
+        /// is either exactly one of the inputs or overlaps none of them.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $add_mul(x: *const $elem, y: *const $elem, w: *const $elem, z: *mut $elem, n: u64) {
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe { crate::device::elementwise::map_elementwise::<$elem, 3, 1>([x, y, w], [z], n, |[x, y, w]| [(x + y) * w]) }
+        }
+
+        /// The backward of `z = (x + y) * w` for an upstream gradient `g`, in one pass:
+        /// `gxy[i] = g[i] * w[i]` (the gradient of both `x` and `y`) and
+        /// `gw[i] = g[i] * (x[i] + y[i])`.
+        ///
+        /// Thread mapping as for the `add` kernel of this family.
+        ///
+        /// # Safety
+        /// All six pointers are valid for `n` elements and aligned to the element type; each of
+        /// `gxy` and `gw` is exactly one input or overlaps no input, and they do not overlap each
+        /// other.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $add_mul_bwd(
+            g: *const $elem,
+            x: *const $elem,
+            y: *const $elem,
+            w: *const $elem,
+            gxy: *mut $elem,
+            gw: *mut $elem,
+            n: u64,
+        ) {
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe {
+                crate::device::elementwise::map_elementwise::<$elem, 4, 2>(
+                    [g, x, y, w],
+                    [gxy, gw],
+                    n,
+                    |[g, x, y, w]| [g * w, g * (x + y)],
+                )
+            }
+        }
+    };
+}
+
+elementwise_family! {
+    /// The elementwise kernels for f32 tensors.
+    F32, f32, {
+        add: add_f32,
+        mul: mul_f32,
+        fused_mul_add: fused_mul_add_f32,
+        add_mul: add_mul_f32,
+        add_mul_backward: add_mul_backward_f32,
+    }
+}
+
+elementwise_family! {
+    /// The elementwise kernels for f16 tensors (arithmetic in f32).
+    F16, crate::device::element::F16, {
+        add: add_f16,
+        mul: mul_f16,
+        fused_mul_add: fused_mul_add_f16,
+        add_mul: add_mul_f16,
+        add_mul_backward: add_mul_backward_f16,
+    }
+}
+
+elementwise_family! {
+    /// The elementwise kernels for bf16 tensors (arithmetic in f32).
+    BF16, crate::device::element::Bf16, {
+        add: add_bf16,
+        mul: mul_bf16,
+        fused_mul_add: fused_mul_add_bf16,
+        add_mul: add_mul_bf16,
+        add_mul_backward: add_mul_backward_bf16,
+    }
+}

@@ -1,0 +1,294 @@
+//! Builds a `#![no_std]` Rust kernel crate into one PTX module, from a `build.rs`.
+//!
+//! This is the step `opsmith-host` uses for its own kernels, exposed so that a downstream crate
+//! can build *its* kernel crate the same way and load the PTX with
+//! `opsmith::host::KernelModule::from_ptx`.
+//!
+//! The kernel crate is an ordinary library crate with `#![no_std]`, kernels declared as
+//! `#[unsafe(no_mangle)] pub unsafe extern "ptx-kernel" fn …` (under
+//! `#[cfg(target_arch = "nvptx64")]`) and a `#[panic_handler]`. It needs no `crate-type` and no
+//! profile settings: the builder asks for a `cdylib`, fat LTO, one codegen unit and
+//! `panic = "abort"` itself, and stands a no-op linker in for the `llvm-bitcode-linker` component
+//! (the PTX is rustc's `--emit=asm` output of the LTO'd module).
+//!
+//! ```no_run
+//! // In the build.rs of a crate whose kernel crate is in ./kernels:
+//! let ptx = opsmith_ptx_builder::PtxBuilder::new("kernels")
+//!     .build()
+//!     .unwrap_or_else(|e| panic!("{e}"));
+//! println!("cargo::rustc-env=MY_KERNELS_PTX={}", ptx.path.display());
+//! // lib.rs: const PTX: &str = include_str!(env!("MY_KERNELS_PTX"));
+//! ```
+//!
+//! What it needs: a nightly toolchain with the `rust-src` component (for `-Zbuild-std=core`).
+//! No CUDA toolkit, nvcc or LLVM install. When something is missing, [`PtxBuildError`] says
+//! what to install.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The target triple of rustc's PTX backend.
+pub const NVPTX_TARGET: &str = "nvptx64-nvidia-cuda";
+
+/// The GPU architecture the PTX is generated for unless [`PtxBuilder::arch`] says otherwise.
+///
+/// sm_70 (Volta) is the oldest architecture the project supports; the driver compiles this PTX
+/// for the GPU it runs on (sm_70 through sm_90 and later), so one module serves them all. The
+/// kernels are memory-bound streaming loops, which use no instruction newer than Volta's.
+pub const DEFAULT_ARCH: &str = "sm_70";
+
+/// Why the PTX build failed, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum PtxBuildError {
+    /// A tool could not be started at all.
+    #[error("could not run `{tool}`: {source}. {hint}")]
+    ToolMissing {
+        /// The program that could not be started.
+        tool: String,
+        /// The operating system's error.
+        source: std::io::Error,
+        /// What to install.
+        hint: &'static str,
+    },
+    /// The active toolchain is not a nightly one.
+    #[error(
+        "building kernels to PTX needs a nightly rustc (for -Zbuild-std), but `{rustc}` is `{version}`. \
+         Run `rustup toolchain install` in the repository root: it installs the toolchain that \
+         rust-toolchain.toml pins, with the components the build needs"
+    )]
+    NotNightly {
+        /// The rustc that was asked.
+        rustc: String,
+        /// What it reported.
+        version: String,
+    },
+    /// The `rust-src` component is missing, so `core` cannot be built for nvptx64.
+    #[error(
+        "the rust-src component is missing from {sysroot} (needed to build `core` for {NVPTX_TARGET}). \
+         Run `rustup component add rust-src`, or `rustup toolchain install` in the repository root"
+    )]
+    RustSrcMissing {
+        /// The sysroot that lacks it.
+        sysroot: String,
+    },
+    /// cargo failed to build the kernel crate.
+    #[error("building the kernel crate {manifest} for {NVPTX_TARGET} failed; cargo said:\n{stderr}")]
+    Cargo {
+        /// The kernel crate's manifest.
+        manifest: PathBuf,
+        /// The end of cargo's standard error.
+        stderr: String,
+    },
+    /// cargo succeeded but left no PTX where expected.
+    #[error("no PTX file was produced at {0}")]
+    NoOutput(PathBuf),
+    /// The PTX calls a function it does not define, which no driver can resolve.
+    #[error(
+        "the PTX declares external functions it does not define: {0:?}. A kernel reached a function \
+         that core cannot provide on nvptx64 (often a float formatting or panic message path)"
+    )]
+    UnresolvedExtern(Vec<String>),
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+}
+
+/// A PTX module built from a kernel crate.
+#[derive(Clone, Debug)]
+pub struct BuiltPtx {
+    /// Where the PTX was written.
+    pub path: PathBuf,
+    /// The `.entry` (kernel) names the module defines, in the order they appear.
+    pub entries: Vec<String>,
+}
+
+/// Builds one kernel crate into PTX. See the crate docs for an example.
+#[derive(Clone, Debug)]
+pub struct PtxBuilder {
+    crate_dir: PathBuf,
+    arch: String,
+    out_dir: Option<PathBuf>,
+    rerun_if_changed: bool,
+}
+
+impl PtxBuilder {
+    /// A builder for the kernel crate whose `Cargo.toml` is in `crate_dir`.
+    pub fn new(crate_dir: impl Into<PathBuf>) -> Self {
+        Self { crate_dir: crate_dir.into(), arch: DEFAULT_ARCH.into(), out_dir: None, rerun_if_changed: true }
+    }
+
+    /// The `sm_XY` architecture to generate PTX for (default [`DEFAULT_ARCH`]).
+    pub fn arch(mut self, arch: impl Into<String>) -> Self {
+        self.arch = arch.into();
+        self
+    }
+
+    /// Where to build and write the PTX (default: `$OUT_DIR`, as in a build script).
+    pub fn out_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.out_dir = Some(dir.into());
+        self
+    }
+
+    /// Whether to print `cargo::rerun-if-changed` lines for the kernel crate (default: yes, for
+    /// use from a build script; turn off when calling from a plain program).
+    pub fn rerun_if_changed(mut self, yes: bool) -> Self {
+        self.rerun_if_changed = yes;
+        self
+    }
+
+    /// Builds the crate and returns the PTX file and its kernel names.
+    pub fn build(&self) -> Result<BuiltPtx, PtxBuildError> {
+        let out_dir = match &self.out_dir {
+            Some(dir) => dir.clone(),
+            None => PathBuf::from(std::env::var_os("OUT_DIR").ok_or_else(|| PtxBuildError::Io {
+                path: "$OUT_DIR".into(),
+                source: std::io::Error::other("OUT_DIR is unset: call out_dir() outside a build script"),
+            })?),
+        };
+        let manifest = self.crate_dir.join("Cargo.toml");
+        if self.rerun_if_changed {
+            println!("cargo::rerun-if-changed={}", self.crate_dir.join("src").display());
+            println!("cargo::rerun-if-changed={}", manifest.display());
+        }
+        check_toolchain()?;
+
+        let target_dir = out_dir.join("ptx-build");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(&cargo);
+        // Variables a parent cargo sets for build scripts that would leak host-only settings
+        // (rustflags, a clippy or coverage wrapper) into the nvptx build.
+        for var in [
+            "CARGO_ENCODED_RUSTFLAGS",
+            "RUSTFLAGS",
+            "RUSTC_WRAPPER",
+            "RUSTC_WORKSPACE_WRAPPER",
+            "CARGO_BUILD_TARGET",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_RUSTFLAGS",
+            "CARGO_PRIMARY_PACKAGE",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.arg("rustc")
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .args(["--lib", "--release", "--crate-type", "cdylib"])
+            .args(["--target", NVPTX_TARGET, "-Zbuild-std=core"])
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .args(["--config", "profile.release.lto=\"fat\""])
+            .args(["--config", "profile.release.panic=\"abort\""])
+            .args(["--config", "profile.release.codegen-units=1"])
+            .args(["--config", "profile.release.opt-level=3"])
+            .args(["--config", "profile.release.debug=false"])
+            .args(["--", "--emit=asm", "-C", "linker=true"])
+            .arg("-C")
+            .arg(format!("target-cpu={}", self.arch));
+        let output = cmd.output().map_err(|source| PtxBuildError::ToolMissing {
+            tool: cargo.clone(),
+            source,
+            hint: "Install Rust with rustup, then run `rustup toolchain install` in the repository root",
+        })?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let tail: Vec<&str> = stderr.lines().rev().take(60).collect();
+            let stderr = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+            return Err(PtxBuildError::Cargo { manifest, stderr });
+        }
+
+        let crate_name = package_name(&manifest)?.replace('-', "_");
+        let asm = target_dir.join(NVPTX_TARGET).join("release").join("deps").join(format!("{crate_name}.s"));
+        if !asm.is_file() {
+            return Err(PtxBuildError::NoOutput(asm));
+        }
+        let ptx = read(&asm)?;
+        let externs = extern_functions(&ptx);
+        if !externs.is_empty() {
+            return Err(PtxBuildError::UnresolvedExtern(externs));
+        }
+        let path = out_dir.join(format!("{crate_name}.{}.ptx", self.arch));
+        std::fs::write(&path, &ptx).map_err(|source| PtxBuildError::Io { path: path.clone(), source })?;
+        Ok(BuiltPtx { path, entries: entry_names(&ptx) })
+    }
+}
+
+/// The names of the kernels (`.entry` directives) a PTX module defines.
+pub fn entry_names(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|line| line.trim_start().strip_prefix(".visible .entry "))
+        .map(|rest| rest.split(|c: char| c == '(' || c.is_whitespace()).next().unwrap_or("").to_string())
+        .collect()
+}
+
+/// The functions a PTX module declares `.extern` (calls it cannot resolve on its own).
+pub fn extern_functions(ptx: &str) -> Vec<String> {
+    ptx.lines().filter(|line| line.contains(".extern .func")).map(|line| line.trim().to_string()).collect()
+}
+
+fn read(path: &Path) -> Result<String, PtxBuildError> {
+    std::fs::read_to_string(path).map_err(|source| PtxBuildError::Io { path: path.into(), source })
+}
+
+/// The `[package] name` of a manifest, read without a TOML parser (the first `name =` line
+/// after `[package]`).
+fn package_name(manifest: &Path) -> Result<String, PtxBuildError> {
+    let text = read(manifest)?;
+    let mut in_package = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_package = line == "[package]";
+        } else if in_package && let Some(value) = line.strip_prefix("name") {
+            let value = value.trim_start().trim_start_matches('=').trim().trim_matches('"');
+            return Ok(value.to_string());
+        }
+    }
+    Err(PtxBuildError::Io { path: manifest.into(), source: std::io::Error::other("no [package] name") })
+}
+
+/// Fails early, with an instruction, when the toolchain cannot build for nvptx64.
+fn check_toolchain() -> Result<(), PtxBuildError> {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let run = |args: &[&str]| -> Result<String, PtxBuildError> {
+        let out = Command::new(&rustc).args(args).output().map_err(|source| PtxBuildError::ToolMissing {
+            tool: rustc.clone(),
+            source,
+            hint: "Install Rust with rustup, then run `rustup toolchain install` in the repository root",
+        })?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let version = run(&["--version"])?;
+    if !version.contains("nightly") && !version.contains("-dev") {
+        return Err(PtxBuildError::NotNightly { rustc: rustc.clone(), version });
+    }
+    let sysroot = run(&["--print", "sysroot"])?;
+    let core_src = Path::new(&sysroot).join("lib/rustlib/src/rust/library/core/Cargo.toml");
+    if !core_src.is_file() {
+        return Err(PtxBuildError::RustSrcMissing { sysroot });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+.version 7.0
+.target sm_70
+.extern .func vprintf(
+.visible .entry add_f32(
+\t.param .u64 add_f32_param_0
+)
+  .visible .entry mul_f32(
+";
+
+    #[test]
+    fn finds_entries_and_externs() {
+        assert_eq!(entry_names(SAMPLE), ["add_f32", "mul_f32"]);
+        assert_eq!(extern_functions(SAMPLE), [".extern .func vprintf("]);
+    }
+}

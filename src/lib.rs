@@ -1,0 +1,18 @@
+//! opsmith: GPU kernels written in Rust, with checked launches, a CPU backend and autograd.
+//!
+//! This facade re-exports the workspace's crates:
+//! * [`host`] (`opsmith-host`): devices, streams, tensors, ops, module loading;
+//! * [`kernels`] (`opsmith-kernels`): the kernel name tables shared with the PTX.
+//!
+//! ```
+//! use opsmith::{ops, Device, Tensor};
+//! # fn main() -> opsmith::Result<()> {
+//! let device = Device::cuda_if_available();
+//! let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], device)?;
+//! let z = ops::add_mul(&x, &x, &x)?; // (x + x) * x
+//! assert_eq!(z.to_vec::<f32>()?, [2.0, 8.0]);
+//! # Ok(()) }
+//! ```
+pub use opsmith_host as host;
+pub use opsmith_host::{DType, Device, Element, Error, Result, Shape, Tensor, bf16, cuda, f16, ops};
+pub use opsmith_kernels as kernels;
