@@ -303,7 +303,31 @@ impl Tensor {
     /// Overwrites this tensor's elements with `src`'s (same shape, dtype and device), in place.
     pub fn copy_from_(&self, src: &Tensor) -> Result<()> {
         crate::ops::check::same_layout("Tensor::copy_from_", &[self, src])?;
-        with_element_type!(self.dtype, T => self.write_values::<T>(&src.to_vec::<T>()?))
+        match (&self.storage.data, &src.storage.data) {
+            // Device to device, unless both are views of one buffer (one lock would be taken twice).
+            (StorageData::Cuda { device, bytes: dst }, StorageData::Cuda { bytes: src_bytes, .. })
+                if !self.shares_storage(src) =>
+            {
+                let size = self.dtype.size_in_bytes();
+                let n = self.elem_count();
+                if n == 0 {
+                    return Ok(());
+                }
+                let stream = device.current_stream();
+                let src_guard = src_bytes.read_recursive();
+                let src_view = src_guard.slice(src.offset * size..(src.offset + n) * size);
+                let mut dst_guard = dst.write();
+                let mut dst_view = dst_guard.slice_mut(self.offset * size..(self.offset + n) * size);
+                device.bind()?;
+                stream
+                    .raw()
+                    .memcpy_dtod(&src_view, &mut dst_view)
+                    .map_err(|e| device.driver_error("copying device to device", e))?;
+                self.storage.bump_version();
+                Ok(())
+            }
+            _ => with_element_type!(self.dtype, T => self.write_values::<T>(&src.to_vec::<T>()?)),
+        }
     }
 
     fn write_values<T: Element>(&self, values: &[T]) -> Result<()> {

@@ -1,0 +1,168 @@
+//! Measures the elementwise ops against the device-to-device copy bandwidth of the same GPU,
+//! in one run: median of event-timed launches after warm-up, bytes each op must move, GB/s, and
+//! that as a share of the copy.
+//!
+//! ```text
+//! cargo run --release --example bandwidth                 # sizes 2^20 .. 2^28
+//! cargo run --release --example bandwidth -- --quick      # 2^20 and 2^24 only
+//! cargo run --release --example bandwidth -- --ptx other.ptx   # also time fused_mul_add_f32 from other PTX
+//! ```
+use opsmith::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, KernelModule, LaunchConfig};
+use opsmith::{DType, Device, Element, Result, Tensor, bf16, f16, ops};
+
+const WARMUP: usize = 5;
+const REPS: usize = 30;
+
+/// Median milliseconds of `REPS` event-timed runs of `f` after `WARMUP` untimed ones.
+fn time_ms(dev: &CudaDevice, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let stream = dev.current_stream();
+    for _ in 0..WARMUP {
+        f()?;
+    }
+    let mut times = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let start = stream.record_event()?;
+        f()?;
+        let end = stream.record_event()?;
+        times.push(start.elapsed_ms(&end)? as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[REPS / 2])
+}
+
+/// Values in ±[0.5, 2) from a fixed-seed generator, so timings never run on zeros.
+fn random_tensor<T: Element>(n: usize, seed: u64, device: Device) -> Result<Tensor> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<T> = (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let unit = (state >> 40) as f64 / (1u64 << 24) as f64; // [0, 1)
+            let sign = if state & 1 == 0 { 1.0 } else { -1.0 };
+            T::from_f64(sign * (0.5 + 1.5 * unit))
+        })
+        .collect();
+    Tensor::from_vec(data, [n], device)
+}
+
+fn random(dtype: DType, n: usize, seed: u64, device: Device) -> Result<Tensor> {
+    match dtype {
+        DType::F32 => random_tensor::<f32>(n, seed, device),
+        DType::F16 => random_tensor::<f16>(n, seed, device),
+        DType::BF16 => random_tensor::<bf16>(n, seed, device),
+        DType::F64 => random_tensor::<f64>(n, seed, device),
+    }
+}
+
+struct Row {
+    what: String,
+    dtype: DType,
+    log2n: u32,
+    ms: f64,
+    bytes: f64,
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let extra_ptx = args.iter().position(|a| a == "--ptx").and_then(|i| args.get(i + 1)).cloned();
+    let device = Device::cuda_if_available();
+    let Device::Cuda(ordinal) = device else {
+        println!(
+            "bandwidth: no CUDA device found; this report measures GPU memory bandwidth, so there is nothing to do."
+        );
+        return Ok(());
+    };
+    let dev = CudaDevice::get(ordinal)?;
+    let (cc_major, cc_minor) = dev.compute_capability()?;
+    println!(
+        "{} (sm_{cc_major}{cc_minor}, {} SMs), embedded PTX for {}",
+        dev.name()?,
+        dev.sm_count(),
+        opsmith::cuda::EMBEDDED_PTX_ARCH
+    );
+    let sizes: &[u32] = if quick { &[20, 24] } else { &[20, 24, 26, 28] };
+
+    // The ceiling: a device-to-device copy of the largest size, counting bytes read plus written.
+    let copy_log2 = *sizes.last().unwrap_or(&24);
+    let n = 1usize << copy_log2;
+    let src = random(DType::F32, n, 1, device)?;
+    let dst = Tensor::zeros([n], DType::F32, device)?;
+    let copy_ms = time_ms(&dev, || dst.copy_from_(&src))?;
+    let copy_gbs = 2.0 * (n * 4) as f64 / copy_ms / 1e6;
+    drop((src, dst));
+    println!("device-to-device copy, 2^{copy_log2} f32: {copy_ms:.3} ms, {copy_gbs:.0} GB/s (read + write)");
+
+    let mut rows = Vec::new();
+    for &log2n in sizes {
+        let n = 1usize << log2n;
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let size = dtype.size_in_bytes() as f64;
+            let t: Vec<Tensor> = (0..4).map(|k| random(dtype, n, 10 + k, device)).collect::<Result<_>>()?;
+            let (o1, o2) = (Tensor::zeros([n], dtype, device)?, Tensor::zeros([n], dtype, device)?);
+            let mut row = |what: &str, values_moved: f64, ms: f64| {
+                rows.push(Row { what: what.into(), dtype, log2n, ms, bytes: values_moved * n as f64 * size })
+            };
+            row("add", 3.0, time_ms(&dev, || ops::add_into(&t[0], &t[1], &o1))?);
+            row("mul", 3.0, time_ms(&dev, || ops::mul_into(&t[0], &t[1], &o1))?);
+            row("fused_mul_add", 4.0, time_ms(&dev, || ops::fused_mul_add_into(&t[0], &t[1], &t[2], &o1))?);
+            row(
+                "mul+add (unfused)",
+                6.0,
+                time_ms(&dev, || {
+                    ops::mul_into(&t[0], &t[1], &o1)?;
+                    ops::add_into(&o1, &t[2], &o2)
+                })?,
+            );
+            row("add_mul", 4.0, time_ms(&dev, || ops::add_mul_into(&t[0], &t[1], &t[2], &o1))?);
+            row(
+                "add_mul_backward",
+                6.0,
+                time_ms(&dev, || ops::add_mul_backward_into(&t[0], &t[1], &t[2], &t[3], &o1, &o2))?,
+            );
+            if dtype == DType::F32 {
+                if let Some(path) = &extra_ptx {
+                    let text = std::fs::read_to_string(path).map_err(|e| opsmith::Error::InvalidArgument {
+                        op: "bandwidth --ptx",
+                        reason: format!("{path}: {e}"),
+                    })?;
+                    let module = KernelModule::from_ptx(&device, path, &text)?;
+                    let kernel = module.kernel(opsmith::kernels::names::F32.fused_mul_add)?;
+                    let cfg = LaunchConfig::grid_stride(&dev, kernel.name(), (n as u64).div_ceil(4), DEFAULT_BLOCK)?;
+                    let stream = dev.current_stream();
+                    let ms = time_ms(&dev, || {
+                        let args = [
+                            KernelArg::Input(&t[0]),
+                            KernelArg::Input(&t[1]),
+                            KernelArg::Input(&t[2]),
+                            KernelArg::Output(&o1),
+                            KernelArg::U64(n as u64),
+                        ];
+                        // SAFETY: fused_mul_add_f32(a, b, c, d, n) of opsmith-kernels, n elements each.
+                        unsafe { kernel.launch(&stream, cfg, &args) }
+                    })?;
+                    row(&format!("fused_mul_add [{path}]"), 4.0, ms);
+                }
+            }
+        }
+    }
+
+    println!("\n| op | dtype | n | median ms | bytes moved | GB/s | % of copy |");
+    println!("|---|---|---|---|---|---|---|");
+    for r in &rows {
+        let gbs = r.bytes / r.ms / 1e6;
+        println!(
+            "| {} | {} | 2^{} | {:.4} | {:.3e} | {:.0} | {:.1}% |",
+            r.what,
+            r.dtype,
+            r.log2n,
+            r.ms,
+            r.bytes,
+            gbs,
+            100.0 * gbs / copy_gbs
+        );
+    }
+    println!("\ncopy ceiling: {copy_gbs:.0} GB/s ({WARMUP} warm-up runs, median of {REPS})");
+    Ok(())
+}

@@ -1,0 +1,399 @@
+//! Test bodies shared by the CPU suite (`cpu.rs`) and the GPU suite (`gpu.rs`): each case takes
+//! a device, so the same assertions prove both backends.
+#![allow(dead_code)]
+
+use opsmith_host::{DType, Device, Element, Error, Result, Tensor, ops};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+/// The sizes every op is checked at: empty, below, at and above a 16-byte pack and a block, and
+/// a large odd size that needs many grid-stride iterations and a tail.
+pub const SIZES: [usize; 9] = [0, 1, 3, 4, 5, 1023, 1024, 1025, (1 << 20) + 3];
+
+/// Element offsets for input and output views: 0 keeps 16-byte alignment, the others break it
+/// for every dtype.
+pub const OFFSETS: [usize; 3] = [0, 1, 3];
+
+/// A value that no op produces from the test inputs, written around output views to catch
+/// out-of-range writes. Exactly representable in every dtype.
+pub const SENTINEL: f64 = -7.5;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Add,
+    Mul,
+    FusedMulAdd,
+    AddMul,
+    AddMulBackward,
+}
+
+impl Op {
+    pub const ALL: [Op; 5] = [Op::Add, Op::Mul, Op::FusedMulAdd, Op::AddMul, Op::AddMulBackward];
+
+    pub fn arity(self) -> (usize, usize) {
+        match self {
+            Op::Add | Op::Mul => (2, 1),
+            Op::FusedMulAdd | Op::AddMul => (3, 1),
+            Op::AddMulBackward => (4, 2),
+        }
+    }
+
+    /// The exact result in f64 of the op on the (already rounded) inputs.
+    pub fn reference(self, x: &[f64]) -> Vec<f64> {
+        match self {
+            Op::Add => vec![x[0] + x[1]],
+            Op::Mul => vec![x[0] * x[1]],
+            Op::FusedMulAdd => vec![x[0] * x[1] + x[2]],
+            Op::AddMul => vec![(x[0] + x[1]) * x[2]],
+            Op::AddMulBackward => vec![x[0] * x[3], x[0] * (x[1] + x[2])],
+        }
+    }
+
+    /// The largest error allowed for a result whose reference is `r` and whose terms have
+    /// magnitude `scale`: the f32 roundings of the arithmetic (2 for add_mul's gw and z, 1
+    /// otherwise) plus the final rounding to the storage dtype, plus half its smallest subnormal.
+    pub fn tolerance(self, dtype: DType, r: f64, scale: f64) -> f64 {
+        let u = DType::F32.unit_roundoff();
+        let arith = match (self, dtype) {
+            (_, DType::F64) => 4.0 * DType::F64.unit_roundoff(),
+            (Op::AddMul | Op::AddMulBackward, _) => 2.01 * u,
+            _ => 1.01 * u,
+        };
+        let store = if dtype == DType::F32 || dtype == DType::F64 { 0.0 } else { dtype.unit_roundoff() };
+        let floor = match dtype {
+            DType::F16 => 2f64.powi(-25),
+            DType::BF16 => 2f64.powi(-134),
+            DType::F32 => 2f64.powi(-150),
+            DType::F64 => 0.0,
+        };
+        arith * scale + store * r.abs() * 1.01 + floor
+    }
+
+    pub fn apply(self, ins: &[&Tensor], outs: &[&Tensor]) -> Result<()> {
+        match self {
+            Op::Add => ops::add_into(ins[0], ins[1], outs[0]),
+            Op::Mul => ops::mul_into(ins[0], ins[1], outs[0]),
+            Op::FusedMulAdd => ops::fused_mul_add_into(ins[0], ins[1], ins[2], outs[0]),
+            Op::AddMul => ops::add_mul_into(ins[0], ins[1], ins[2], outs[0]),
+            Op::AddMulBackward => ops::add_mul_backward_into(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1]),
+        }
+    }
+
+    pub fn apply_new(self, ins: &[&Tensor]) -> Result<Vec<Tensor>> {
+        Ok(match self {
+            Op::Add => vec![ops::add(ins[0], ins[1])?],
+            Op::Mul => vec![ops::mul(ins[0], ins[1])?],
+            Op::FusedMulAdd => vec![ops::fused_mul_add(ins[0], ins[1], ins[2])?],
+            Op::AddMul => vec![ops::add_mul(ins[0], ins[1], ins[2])?],
+            Op::AddMulBackward => {
+                let (a, b) = ops::add_mul_backward(ins[0], ins[1], ins[2], ins[3])?;
+                vec![a, b]
+            }
+        })
+    }
+}
+
+pub const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+
+/// Random values with both signs and magnitudes from 1/16 to 16, never zero, rounded to `dtype`.
+pub fn random_values(rng: &mut StdRng, n: usize, dtype: DType) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            let sign = if rng.random_bool(0.5) { 1.0 } else { -1.0 };
+            let v = sign * 2f64.powf(rng.random_range(-4.0..4.0));
+            round_to(dtype, v)
+        })
+        .collect()
+}
+
+pub fn round_to(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::F32 => v as f32 as f64,
+        DType::F16 => half::f16::from_f64(v).to_f64(),
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        DType::F64 => v,
+    }
+}
+
+/// A tensor of `values` (converted to `dtype`) on `device`.
+pub fn tensor(values: &[f64], dtype: DType, device: Device) -> Result<Tensor> {
+    fn typed<T: Element>(v: &[f64], device: Device) -> Result<Tensor> {
+        Tensor::from_vec(v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>(), v.len(), device)
+    }
+    match dtype {
+        DType::F32 => typed::<f32>(values, device),
+        DType::F16 => typed::<half::f16>(values, device),
+        DType::BF16 => typed::<half::bf16>(values, device),
+        DType::F64 => typed::<f64>(values, device),
+    }
+}
+
+/// A tensor's values as f64.
+pub fn values(t: &Tensor) -> Result<Vec<f64>> {
+    fn typed<T: Element>(t: &Tensor) -> Result<Vec<f64>> {
+        Ok(t.to_vec::<T>()?.into_iter().map(T::to_f64).collect())
+    }
+    match t.dtype() {
+        DType::F32 => typed::<f32>(t),
+        DType::F16 => typed::<half::f16>(t),
+        DType::BF16 => typed::<half::bf16>(t),
+        DType::F64 => typed::<f64>(t),
+    }
+}
+
+/// A view of `n` elements at `offset` into a buffer of `offset + n + 2` elements whose other
+/// elements hold [`SENTINEL`]; the view itself holds `fill`.
+pub fn padded_view(n: usize, offset: usize, fill: f64, dtype: DType, device: Device) -> Result<(Tensor, Tensor)> {
+    let mut data = vec![SENTINEL; offset + n + 2];
+    data[offset..offset + n].iter_mut().for_each(|v| *v = fill);
+    let whole = tensor(&data, dtype, device)?;
+    let view = whole.narrow(offset, n)?;
+    Ok((whole, view))
+}
+
+/// Whether this op and dtype has an implementation on `device`.
+pub fn supported(dtype: DType, device: Device) -> bool {
+    !(dtype == DType::F64 && device.is_cuda())
+}
+
+/// One op, one dtype, one size, one offset: random inputs at `offset`, outputs poisoned with
+/// NaN inside a sentinel-padded buffer at `offset`, every result checked against f64, and every
+/// element outside the views checked untouched.
+pub fn check_op(device: Device, op: Op, dtype: DType, n: usize, offset: usize, seed: u64) -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (n_in, n_out) = op.arity();
+    let inputs_f64: Vec<Vec<f64>> = (0..n_in).map(|_| random_values(&mut rng, n, dtype)).collect();
+    let mut input_bufs = Vec::new();
+    let mut inputs = Vec::new();
+    for (k, v) in inputs_f64.iter().enumerate() {
+        // Different offsets per operand, so that aligned and unaligned pointers mix.
+        let off = (offset * (k + 1)) % 4;
+        let mut data = vec![1.0; off];
+        data.extend_from_slice(v);
+        let whole = tensor(&data, dtype, device)?;
+        inputs.push(whole.narrow(off, n)?);
+        input_bufs.push(whole);
+    }
+    let mut out_bufs = Vec::new();
+    let mut outputs = Vec::new();
+    for _ in 0..n_out {
+        let (whole, view) = padded_view(n, offset, f64::NAN, dtype, device)?;
+        out_bufs.push(whole);
+        outputs.push(view);
+    }
+    let in_refs: Vec<&Tensor> = inputs.iter().collect();
+    let out_refs: Vec<&Tensor> = outputs.iter().collect();
+
+    if !supported(dtype, device) {
+        let err = op.apply(&in_refs, &out_refs).expect_err("f64 has no CUDA kernels");
+        assert!(matches!(err, Error::UnsupportedDType { dtype: DType::F64, .. }), "{err}");
+        return Ok(());
+    }
+    op.apply(&in_refs, &out_refs)?;
+
+    let got: Vec<Vec<f64>> = outputs.iter().map(values).collect::<Result<_>>()?;
+    for i in 0..n {
+        let x: Vec<f64> = inputs_f64.iter().map(|v| v[i]).collect();
+        let scale = match op {
+            Op::Add => x[0].abs() + x[1].abs(),
+            Op::Mul => (x[0] * x[1]).abs(),
+            Op::FusedMulAdd => (x[0] * x[1]).abs() + x[2].abs(),
+            Op::AddMul => (x[0].abs() + x[1].abs()) * x[2].abs(),
+            Op::AddMulBackward => (x[0] * x[3]).abs().max(x[0].abs() * (x[1].abs() + x[2].abs())),
+        };
+        for (k, r) in op.reference(&x).into_iter().enumerate() {
+            let tol = op.tolerance(dtype, r, scale);
+            let g = got[k][i];
+            assert!(
+                (g - r).abs() <= tol,
+                "{op:?} {dtype} on {device}, n={n} offset={offset}: output {k}[{i}] = {g:e}, f64 reference {r:e}, \
+                 tolerance {tol:e}, inputs {x:?}"
+            );
+        }
+    }
+    for buf in &out_bufs {
+        let v = values(buf)?;
+        let outside = v[..offset].iter().chain(&v[offset + n..]);
+        assert!(
+            outside.into_iter().all(|&s| s == SENTINEL),
+            "{op:?} {dtype} on {device}, n={n} offset={offset}: wrote outside its output view"
+        );
+    }
+    // Inputs are read-only.
+    for (t, v) in inputs.iter().zip(&inputs_f64) {
+        assert_eq!(&values(t)?, v, "{op:?} {dtype} on {device}: an input changed");
+    }
+    Ok(())
+}
+
+/// Every dtype × size × offset of one op on `device`.
+pub fn op_against_f64(device: Device, op: Op) -> Result<()> {
+    let mut seed = 1000 * op as u64;
+    for dtype in DTYPES {
+        for n in SIZES {
+            for offset in OFFSETS {
+                seed += 1;
+                check_op(device, op, dtype, n, offset, seed)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The functional forms return what the `_into` forms write.
+pub fn functional_matches_into(device: Device) -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(7);
+    for op in Op::ALL {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let n = 1029;
+            let (n_in, n_out) = op.arity();
+            let ins: Vec<Tensor> =
+                (0..n_in).map(|_| tensor(&random_values(&mut rng, n, dtype), dtype, device)).collect::<Result<_>>()?;
+            let in_refs: Vec<&Tensor> = ins.iter().collect();
+            let fresh = op.apply_new(&in_refs)?;
+            let outs: Vec<Tensor> =
+                (0..n_out).map(|_| Tensor::full(f64::NAN, [n], dtype, device)).collect::<Result<_>>()?;
+            let out_refs: Vec<&Tensor> = outs.iter().collect();
+            op.apply(&in_refs, &out_refs)?;
+            for (a, b) in fresh.iter().zip(&outs) {
+                assert_eq!(values(a)?, values(b)?, "{op:?} {dtype} on {device}");
+                assert_eq!(a.dims(), [n]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An output that is exactly one of the inputs is computed in place.
+pub fn in_place_output(device: Device) -> Result<()> {
+    for dtype in [DType::F32, DType::BF16] {
+        let a = tensor(&[1.0, 2.0, 3.0, 4.0, 5.0], dtype, device)?;
+        let b = tensor(&[0.5, 0.25, 2.0, -1.0, 3.0], dtype, device)?;
+        let c = tensor(&[1.0, 1.0, 1.0, 1.0, 1.0], dtype, device)?;
+        let before = a.version();
+        ops::fused_mul_add_into(&a, &b, &c, &a)?;
+        assert_eq!(values(&a)?, [1.5, 1.5, 7.0, -3.0, 16.0]);
+        assert!(a.version() > before, "an in-place write must bump the version");
+    }
+    Ok(())
+}
+
+/// Views share memory with their tensor; `copy` does not.
+pub fn views_share_memory(device: Device) -> Result<()> {
+    let t = tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], DType::F32, device)?.reshape([2, 3])?;
+    let view = t.narrow(2, 3)?;
+    let copy = t.copy()?;
+    assert!(view.shares_storage(&t));
+    assert!(!copy.shares_storage(&t));
+    view.fill_(9.0)?;
+    assert_eq!(values(&t)?, [1.0, 2.0, 9.0, 9.0, 9.0, 6.0]);
+    assert_eq!(values(&copy)?, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    assert_eq!(t.dims(), [2, 3]);
+    Ok(())
+}
+
+/// Round trips through `Vec`, `ndarray` and between dtypes.
+pub fn conversions(device: Device) -> Result<()> {
+    let a = ndarray::array![[1.0f32, -2.5], [3.25, 4.0]];
+    let t = Tensor::from_array(&a, device)?;
+    assert_eq!(t.dims(), [2, 2]);
+    assert_eq!(t.to_array::<f32>()?, a.into_dyn());
+    // A transposed (non-standard layout) array is copied into row-major order.
+    let at = ndarray::array![[1.0f32, 2.0], [3.0, 4.0]].reversed_axes();
+    assert_eq!(Tensor::from_array(&at, device)?.to_vec::<f32>()?, [1.0, 3.0, 2.0, 4.0]);
+    let h = t.to_dtype(DType::F16)?;
+    assert_eq!(h.dtype(), DType::F16);
+    assert_eq!(values(&h)?, [1.0, -2.5, 3.25, 4.0]);
+    let back = h.to_device(Device::Cpu)?;
+    assert_eq!(back.device(), Device::Cpu);
+    assert_eq!(values(&back)?, [1.0, -2.5, 3.25, 4.0]);
+    Ok(())
+}
+
+/// Operand checks return typed errors that name the op and the offending values.
+pub fn operand_errors(device: Device) -> Result<()> {
+    let a = tensor(&[1.0, 2.0, 3.0], DType::F32, device)?;
+    let b4 = tensor(&[1.0, 2.0, 3.0, 4.0], DType::F32, device)?;
+    let h = tensor(&[1.0, 2.0, 3.0], DType::F16, device)?;
+    match ops::add(&a, &b4) {
+        Err(Error::ShapeMismatch { op: "add", lhs, rhs }) => assert_eq!((lhs, rhs), (vec![3], vec![4])),
+        other => panic!("expected a shape mismatch, got {other:?}"),
+    }
+    match ops::fused_mul_add(&a, &a, &h) {
+        Err(Error::DTypeMismatch { op: "fused_mul_add", lhs: DType::F32, rhs: DType::F16 }) => {}
+        other => panic!("expected a dtype mismatch, got {other:?}"),
+    }
+    let out = Tensor::zeros([3], DType::F16, device)?;
+    assert!(matches!(ops::add_into(&a, &a, &out), Err(Error::DTypeMismatch { op: "add", .. })));
+    // Partial overlap between an output and an input.
+    let buf = tensor(&[1.0, 2.0, 3.0, 4.0], DType::F32, device)?;
+    let (lo, hi) = (buf.narrow(0, 3)?, buf.narrow(1, 3)?);
+    assert!(matches!(ops::add_into(&lo, &lo, &hi), Err(Error::Overlap { op: "add", output: 0 })));
+    // Two outputs that overlap.
+    let g = tensor(&[1.0, 2.0, 3.0], DType::F32, device)?;
+    let outs = Tensor::zeros([4], DType::F32, device)?;
+    let (o1, o2) = (outs.narrow(0, 3)?, outs.narrow(1, 3)?);
+    assert!(matches!(
+        ops::add_mul_backward_into(&g, &g, &g, &g, &o1, &o2),
+        Err(Error::Overlap { op: "add_mul_backward", output: 1 })
+    ));
+    // Inputs untouched by failed calls.
+    assert_eq!(values(&a)?, [1.0, 2.0, 3.0]);
+    assert_eq!(values(&buf)?, [1.0, 2.0, 3.0, 4.0]);
+    // Constructors and views.
+    assert!(matches!(
+        Tensor::from_vec(vec![1.0f32; 5], [2, 3], device),
+        Err(Error::ElementCount { expected: 6, actual: 5, .. })
+    ));
+    assert!(matches!(a.narrow(2, 2), Err(Error::OutOfRange { start: 2, end: 4, len: 3, .. })));
+    assert!(matches!(a.reshape([2, 2]), Err(Error::ElementCount { .. })));
+    assert!(matches!(a.to_vec::<f64>(), Err(Error::ElementType { requested: DType::F64, actual: DType::F32, .. })));
+    assert!(matches!(Tensor::zeros([usize::MAX, 2], DType::F32, device), Err(Error::TooLarge { .. })));
+    Ok(())
+}
+
+/// Lists every shared case, for the suites to run.
+#[macro_export]
+macro_rules! shared_cases {
+    ($device:expr) => {
+        #[test]
+        fn add_against_f64() -> opsmith_host::Result<()> {
+            common::op_against_f64($device, common::Op::Add)
+        }
+        #[test]
+        fn mul_against_f64() -> opsmith_host::Result<()> {
+            common::op_against_f64($device, common::Op::Mul)
+        }
+        #[test]
+        fn fused_mul_add_against_f64() -> opsmith_host::Result<()> {
+            common::op_against_f64($device, common::Op::FusedMulAdd)
+        }
+        #[test]
+        fn add_mul_against_f64() -> opsmith_host::Result<()> {
+            common::op_against_f64($device, common::Op::AddMul)
+        }
+        #[test]
+        fn add_mul_backward_against_f64() -> opsmith_host::Result<()> {
+            common::op_against_f64($device, common::Op::AddMulBackward)
+        }
+        #[test]
+        fn functional_matches_into() -> opsmith_host::Result<()> {
+            common::functional_matches_into($device)
+        }
+        #[test]
+        fn in_place_output() -> opsmith_host::Result<()> {
+            common::in_place_output($device)
+        }
+        #[test]
+        fn views_share_memory() -> opsmith_host::Result<()> {
+            common::views_share_memory($device)
+        }
+        #[test]
+        fn conversions() -> opsmith_host::Result<()> {
+            common::conversions($device)
+        }
+        #[test]
+        fn operand_errors() -> opsmith_host::Result<()> {
+            common::operand_errors($device)
+        }
+    };
+}

@@ -1,0 +1,189 @@
+//! The GPU suite (`--features gpu-tests`; needs a CUDA device): the shared cases on
+//! `Device::Cuda(0)`, CPU-vs-GPU agreement, and what only CUDA has (streams, events, alignment,
+//! third-party PTX).
+mod common;
+
+use common::{DTYPES, Op, SIZES, random_values, tensor, values};
+use opsmith_host::cuda::{CudaDevice, KernelArg, KernelModule, LaunchConfig};
+use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
+use rand::{SeedableRng, rngs::StdRng};
+
+const GPU: Device = Device::Cuda(0);
+
+shared_cases!(GPU);
+
+/// CUDA and the CPU backend agree bit for bit on the same inputs (f32 arithmetic, one FMA
+/// rounding, the same round-to-nearest-even narrowing).
+#[test]
+fn cuda_matches_cpu_bitwise() -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(99);
+    for op in Op::ALL {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for n in SIZES {
+                let (n_in, _) = op.arity();
+                let data: Vec<Vec<f64>> = (0..n_in).map(|_| random_values(&mut rng, n, dtype)).collect();
+                let run = |device: Device| -> Result<Vec<Vec<f64>>> {
+                    let ins: Vec<Tensor> = data.iter().map(|v| tensor(v, dtype, device)).collect::<Result<_>>()?;
+                    let refs: Vec<&Tensor> = ins.iter().collect();
+                    op.apply_new(&refs)?.iter().map(values).collect()
+                };
+                let (cpu, gpu) = (run(Device::Cpu)?, run(GPU)?);
+                for (k, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+                    if let Some(i) = (0..n).find(|&i| c[i].to_bits() != g[i].to_bits()) {
+                        panic!("{op:?} {dtype} n={n}: output {k}[{i}] cpu {:e} vs cuda {:e}", c[i], g[i]);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn f64_ops_are_rejected_on_cuda() -> Result<()> {
+    let a = Tensor::from_vec(vec![1.0f64, 2.0], [2], GPU)?;
+    assert_eq!(a.to_vec::<f64>()?, [1.0, 2.0], "f64 storage itself works on CUDA");
+    let err = ops::add(&a, &a).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedDType { op: "add", dtype: DType::F64, device: GPU }), "{err}");
+    Ok(())
+}
+
+#[test]
+fn device_mismatch_is_an_error() -> Result<()> {
+    let a = Tensor::from_vec(vec![1.0f32, 2.0], [2], GPU)?;
+    let b = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
+    let err = ops::mul(&a, &b).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "mul", lhs: GPU, rhs: Device::Cpu }), "{err}");
+    assert_eq!(a.to_vec::<f32>()?, [1.0, 2.0]);
+    Ok(())
+}
+
+#[test]
+fn views_at_odd_offsets_are_unaligned() -> Result<()> {
+    for dtype in DTYPES {
+        let t = Tensor::zeros([64], dtype, GPU)?;
+        let base = t.device_address().unwrap();
+        assert_eq!(base % 16, 0, "allocations are 16-byte aligned");
+        let view = t.narrow(1, 8)?;
+        assert_eq!(view.device_address().unwrap(), base + dtype.size_in_bytes() as u64);
+    }
+    Ok(())
+}
+
+#[test]
+fn grid_is_sized_for_the_device() -> Result<()> {
+    let dev = CudaDevice::get(0)?;
+    let small = LaunchConfig::grid_stride(&dev, "k", 1000, 256)?;
+    assert_eq!(small.grid, 4);
+    let huge = LaunchConfig::grid_stride(&dev, "k", 1 << 40, 256)?;
+    assert_eq!(huge.grid, dev.sm_count() * (dev.max_threads_per_sm() / 256));
+    assert!(matches!(LaunchConfig::grid_stride(&dev, "k", 10, 48), Err(Error::InvalidBlockSize { block: 48, .. })));
+    Ok(())
+}
+
+#[test]
+fn every_kernel_name_resolves_in_the_embedded_module() -> Result<()> {
+    let dev = CudaDevice::get(0)?;
+    for table in opsmith_kernels::names::ALL_ELEMENTWISE {
+        for name in table.all() {
+            dev.kernels()?.kernel(name)?;
+        }
+    }
+    assert!(matches!(dev.kernels()?.kernel("no_such_kernel"), Err(Error::KernelNotFound { .. })));
+    Ok(())
+}
+
+/// Ops follow the current stream; a consumer on another stream is ordered after the producer.
+#[test]
+fn streams_and_events() -> Result<()> {
+    let dev = CudaDevice::get(0)?;
+    let (producer, consumer) = (dev.new_stream()?, dev.new_stream()?);
+    let n = 1 << 22;
+    let a = Tensor::full(1.5, [n], DType::F32, GPU)?;
+    let b = Tensor::full(2.0, [n], DType::F32, GPU)?;
+    let produced = {
+        let _on = producer.make_current();
+        let start = producer.record_event()?;
+        let mut x = ops::mul(&a, &b)?;
+        for _ in 0..20 {
+            x = ops::fused_mul_add(&x, &b, &a)?; // long enough to still run when the consumer starts
+        }
+        let end = producer.record_event()?;
+        assert!(start.elapsed_ms(&end)? > 0.0);
+        x
+    };
+    let consumed = {
+        let _on = consumer.make_current();
+        ops::add(&produced, &a)?
+    };
+    // x0 = 3, x_{k+1} = 2 x_k + 1.5 → x_20 = 4.5 * 2^20 - 1.5
+    let expected = 4.5 * 2f64.powi(20) - 1.5 + 1.5;
+    let got = consumed.to_vec::<f32>()?;
+    assert!(got.iter().all(|&v| v as f64 == expected), "got {} expected {expected}", got[0]);
+    Ok(())
+}
+
+/// Third-party PTX: load hand-written PTX at run time and launch it through the checked path.
+#[test]
+fn third_party_ptx_module() -> Result<()> {
+    const PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry scale_f32(.param .u64 x, .param .u64 y, .param .f32 a, .param .u32 n)
+{
+    .reg .pred %p;
+    .reg .b32 %r<6>;
+    .reg .f32 %f<3>;
+    .reg .b64 %rd<6>;
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mad.lo.u32 %r4, %r1, %r2, %r3;
+    ld.param.u32 %r5, [n];
+    setp.ge.u32 %p, %r4, %r5;
+    @%p ret;
+    ld.param.u64 %rd1, [x];
+    ld.param.u64 %rd2, [y];
+    mul.wide.u32 %rd3, %r4, 4;
+    add.u64 %rd4, %rd1, %rd3;
+    add.u64 %rd5, %rd2, %rd3;
+    ld.global.f32 %f1, [%rd4];
+    ld.param.f32 %f2, [a];
+    mul.f32 %f1, %f1, %f2;
+    st.global.f32 [%rd5], %f1;
+    ret;
+}
+"#;
+    let module = KernelModule::from_ptx(&GPU, "scale", PTX)?;
+    let kernel = module.kernel("scale_f32")?;
+    let n = 5000;
+    let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
+    let xt = Tensor::from_vec(x.clone(), [n], GPU)?;
+    let y = Tensor::full(f64::NAN, [n + 3], DType::F32, GPU)?;
+    let y_view = y.narrow(1, n)?;
+    let cfg = LaunchConfig { grid: (n as u32).div_ceil(128), block: 128, shared_mem_bytes: 0 };
+    let len = opsmith_host::cuda::len_as_u32("scale_f32", n)?;
+    // SAFETY: scale_f32(const float* x, float* y, float a, u32 n) touches n elements of each.
+    unsafe {
+        kernel.launch(
+            &kernel.device().current_stream(),
+            cfg,
+            &[KernelArg::Input(&xt), KernelArg::Output(&y_view), KernelArg::F32(-3.0), KernelArg::U32(len)],
+        )?;
+    }
+    let got = y.to_vec::<f32>()?;
+    assert!(got[0].is_nan() && got[n + 1].is_nan() && got[n + 2].is_nan(), "wrote outside the view");
+    for i in 0..n {
+        assert_eq!(got[i + 1], x[i] * -3.0, "element {i}");
+    }
+    // Bad configurations, bad PTX and bad names are errors, not crashes.
+    let bad = LaunchConfig { grid: 1, block: 1000, shared_mem_bytes: 0 };
+    // SAFETY: rejected before launch.
+    let err = unsafe { kernel.launch(&kernel.device().current_stream(), bad, &[]) }.unwrap_err();
+    assert!(matches!(err, Error::InvalidBlockSize { block: 1000, .. }), "{err}");
+    let err = KernelModule::from_ptx(&GPU, "broken", ".version 7.0\n.target sm_70\nthis is not ptx").err().unwrap();
+    assert!(matches!(&err, Error::ModuleLoad { module, .. } if module == "broken"), "{err}");
+    assert!(matches!(module.kernel("scale_f64"), Err(Error::KernelNotFound { .. })));
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! Checks the embedded PTX without a GPU: every kernel name the host uses is defined, nothing is
+//! left unresolved, and `ptxas` (when found) accepts it for sm_90 with no register spills.
+use opsmith_host::cuda::{EMBEDDED_PTX, EMBEDDED_PTX_ARCH};
+use opsmith_kernels::names::ALL_ELEMENTWISE;
+use opsmith_ptx_builder::{entry_names, extern_functions};
+use std::path::PathBuf;
+use std::process::Command;
+
+#[test]
+fn every_host_kernel_name_is_an_entry() {
+    let entries = entry_names(EMBEDDED_PTX);
+    for table in ALL_ELEMENTWISE {
+        for name in table.all() {
+            assert!(entries.iter().any(|e| e == name), "kernel `{name}` is not in the PTX; entries: {entries:?}");
+        }
+    }
+    assert_eq!(entries.len(), ALL_ELEMENTWISE.len() * 5, "unexpected entries: {entries:?}");
+}
+
+#[test]
+fn no_unresolved_functions() {
+    assert_eq!(extern_functions(EMBEDDED_PTX), Vec::<String>::new());
+    assert!(EMBEDDED_PTX.contains(&format!(".target {EMBEDDED_PTX_ARCH}")));
+}
+
+/// `OPSMITH_PTXAS`, else `ptxas` on the PATH, else the one pip's `nvidia-cuda-nvcc` installs.
+fn find_ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("OPSMITH_PTXAS") {
+        return Some(p.into());
+    }
+    if Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Some("ptxas".into());
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'bin', 'ptxas'))"])
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    path.is_file().then_some(path)
+}
+
+#[test]
+fn ptxas_accepts_the_module_for_sm_90_without_spills() {
+    let Some(ptxas) = find_ptxas() else {
+        assert!(
+            std::env::var_os("OPSMITH_REQUIRE_PTXAS").is_none(),
+            "ptxas not found: `pip install nvidia-cuda-nvcc==13.0.88`, or set OPSMITH_PTXAS"
+        );
+        eprintln!("ptxas not found, skipping the sm_90 check (pip install nvidia-cuda-nvcc==13.0.88)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("opsmith-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ptx = dir.join("kernels.ptx");
+    std::fs::write(&ptx, EMBEDDED_PTX).unwrap();
+    let out = Command::new(&ptxas)
+        .args(["-arch=sm_90", "-v", "-o"])
+        .arg(dir.join("kernels.cubin"))
+        .arg(&ptx)
+        .output()
+        .expect("running ptxas");
+    let log = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "ptxas rejected the PTX:\n{log}");
+    let spill_lines: Vec<&str> = log.lines().filter(|l| l.contains("spill")).collect();
+    assert_eq!(spill_lines.len(), ALL_ELEMENTWISE.len() * 5, "one report per kernel:\n{log}");
+    for line in spill_lines {
+        assert!(line.contains("0 bytes spill stores, 0 bytes spill loads"), "spills: {line}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

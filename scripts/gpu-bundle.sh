@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds everything the GPU machine runs into one folder (default: gpu-bundle/, git-ignored):
+# the GPU, CPU and PTX test binaries, the examples, an sm_90 build of the kernels for comparison,
+# and run.sh, which runs them there. The GPU machine needs the NVIDIA driver, nothing from Rust.
+#
+#   scripts/gpu-bundle.sh [OUT_DIR]
+#   # copy OUT_DIR to the GPU machine, then: OUT_DIR/run.sh [test|sanitize|bench|all]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-gpu-bundle}
+rm -rf "$out"
+mkdir -p "$out/bin"
+
+executables() { # cargo's JSON messages on stdin -> "name path" for each built executable
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["target"]["name"], m["executable"])'
+}
+
+echo "building test binaries" >&2
+cargo test --release -p opsmith-host --features gpu-tests --no-run --message-format=json \
+  | executables | while read -r name path; do cp "$path" "$out/bin/test-$name"; done
+echo "building examples" >&2
+cargo build --release --examples --message-format=json \
+  | executables | while read -r name path; do cp "$path" "$out/bin/$name"; done
+echo "building the kernels for sm_90 too" >&2
+cargo run --release -q -p opsmith-ptx-builder -- kernels-gpu --arch sm_90 --out target/ptx-sm_90 >&2
+mkdir -p "$out/ptx"
+cp target/ptx-sm_90/*.ptx "$out/ptx/"
+
+cp scripts/gpu-run.sh "$out/run.sh"
+chmod +x "$out/run.sh"
+ls -la "$out/bin" >&2
+echo "bundle ready: $out ($(du -sh "$out" | cut -f1))" >&2

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs a bundle made by scripts/gpu-bundle.sh on a GPU machine, and prints a summary table last.
+#   run.sh [test|sanitize|bench|all]     (default: all)
+# Logs go to $LOG_DIR (default: ./logs).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+what=${1:-all}
+logs=${LOG_DIR:-$here/logs}
+mkdir -p "$logs"
+summary=()
+
+run() { # name, command...
+  local name=$1; shift
+  local start=$SECONDS
+  "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  local line
+  line=$(grep -E "^test result:|ERROR SUMMARY|^copy ceiling" "$logs/$name.log" | tail -1)
+  summary+=("| $name | $([ $rc -eq 0 ] && echo ok || echo "FAILED ($rc)") | $((SECONDS - start)) s | ${line:-see log} |")
+  return $rc
+}
+
+if [[ $what == test || $what == all ]]; then
+  run gpu-tests "$here/bin/test-gpu"
+  run cpu-tests "$here/bin/test-cpu"
+  run ptx-tests "$here/bin/test-ptx"
+  run quickstart "$here/bin/quickstart"
+fi
+if [[ $what == sanitize || $what == all ]]; then
+  for tool in memcheck racecheck; do
+    run "sanitizer-$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 "$here/bin/test-gpu" --test-threads=1
+  done
+fi
+if [[ $what == bench || $what == all ]]; then
+  run bandwidth "$here/bin/bandwidth" --ptx "$(ls "$here"/ptx/*.ptx | head -1)"
+  grep -E "^\|" "$logs/bandwidth.log" || true
+fi
+
+echo
+echo "| step | result | time | last line |"
+echo "|---|---|---|---|"
+printf '%s\n' "${summary[@]}"
