@@ -121,29 +121,29 @@ fn main() -> Result<()> {
                 6.0,
                 time_ms(&dev, || ops::add_mul_backward_into(&t[0], &t[1], &t[2], &t[3], &o1, &o2))?,
             );
-            if dtype == DType::F32 {
-                if let Some(path) = &extra_ptx {
-                    let text = std::fs::read_to_string(path).map_err(|e| opsmith::Error::InvalidArgument {
-                        op: "bandwidth --ptx",
-                        reason: format!("{path}: {e}"),
-                    })?;
-                    let module = KernelModule::from_ptx(&device, path, &text)?;
-                    let kernel = module.kernel(opsmith::kernels::names::F32.fused_mul_add)?;
-                    let cfg = LaunchConfig::grid_stride(&dev, kernel.name(), (n as u64).div_ceil(4), DEFAULT_BLOCK)?;
-                    let stream = dev.current_stream();
-                    let ms = time_ms(&dev, || {
-                        let args = [
-                            KernelArg::Input(&t[0]),
-                            KernelArg::Input(&t[1]),
-                            KernelArg::Input(&t[2]),
-                            KernelArg::Output(&o1),
-                            KernelArg::U64(n as u64),
-                        ];
-                        // SAFETY: fused_mul_add_f32(a, b, c, d, n) of opsmith-kernels, n elements each.
-                        unsafe { kernel.launch(&stream, cfg, &args) }
-                    })?;
-                    row(&format!("fused_mul_add [{path}]"), 4.0, ms);
-                }
+            if dtype == DType::F32
+                && let Some(path) = &extra_ptx
+            {
+                let text = std::fs::read_to_string(path).map_err(|e| opsmith::Error::InvalidArgument {
+                    op: "bandwidth --ptx",
+                    reason: format!("{path}: {e}"),
+                })?;
+                let module = KernelModule::from_ptx(&device, path, &text)?;
+                let kernel = module.kernel(opsmith::kernels::names::F32.fused_mul_add)?;
+                let cfg = LaunchConfig::grid_stride(&dev, kernel.name(), (n as u64).div_ceil(4), DEFAULT_BLOCK)?;
+                let stream = dev.current_stream();
+                let ms = time_ms(&dev, || {
+                    let args = [
+                        KernelArg::Input(&t[0]),
+                        KernelArg::Input(&t[1]),
+                        KernelArg::Input(&t[2]),
+                        KernelArg::Output(&o1),
+                        KernelArg::U64(n as u64),
+                    ];
+                    // SAFETY: fused_mul_add_f32(a, b, c, d, n) of opsmith-kernels, n elements each.
+                    unsafe { kernel.launch(&stream, cfg, &args) }
+                })?;
+                row(&format!("fused_mul_add [{path}]"), 4.0, ms);
             }
         }
     }

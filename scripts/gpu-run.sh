@@ -22,13 +22,18 @@ run() { # name, command...
 
 if [[ $what == test || $what == all ]]; then
   run gpu-tests "$here/bin/test-gpu"
+  # Again with every launch synchronized, the mode that pins an asynchronous fault to its launch.
+  OPSMITH_LAUNCH_BLOCKING=1 run gpu-tests-blocking "$here/bin/test-gpu"
   run cpu-tests "$here/bin/test-cpu"
   run ptx-tests "$here/bin/test-ptx"
   run quickstart "$here/bin/quickstart"
 fi
 if [[ $what == sanitize || $what == all ]]; then
-  for tool in memcheck racecheck; do
-    run "sanitizer-$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 "$here/bin/test-gpu" --test-threads=1
+  # The suite provokes driver API errors on purpose (bad PTX, unknown kernel names) to test its
+  # error paths; those are not reported, so the summaries count memory and ordering errors only.
+  for tool in memcheck racecheck initcheck synccheck; do
+    run "sanitizer-$tool" compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 1 \
+      "$here/bin/test-gpu" --test-threads=1
   done
 fi
 if [[ $what == bench || $what == all ]]; then
