@@ -15,7 +15,7 @@ run() { # name, command...
   "$@" >"$logs/$name.log" 2>&1
   local rc=$?
   local line
-  line=$(grep -E "^test result:|ERROR SUMMARY|^copy ceiling" "$logs/$name.log" | tail -1)
+  line=$(grep -E "^test result:|ERROR SUMMARY|RACECHECK SUMMARY|^copy ceiling" "$logs/$name.log" | tail -1)
   summary+=("| $name | $([ $rc -eq 0 ] && echo ok || echo "FAILED ($rc)") | $((SECONDS - start)) s | ${line:-see log} |")
   return $rc
 }

@@ -63,7 +63,7 @@ mod sealed {
     impl Sealed for half::bf16 {}
 }
 
-/// A Rust type that a tensor can hold: `f32`, `f64`, [`f16`] and [`bf16`].
+/// A Rust type that a tensor can hold: `f32`, `f64`, [`half::f16`] and [`half::bf16`].
 pub trait Element: sealed::Sealed + bytemuck::Pod + Copy + Send + Sync + std::fmt::Debug + PartialEq + 'static {
     /// The matching [`DType`].
     const DTYPE: DType;

@@ -3,7 +3,7 @@
 //! bf16 is converted in software: it has no hardware conversion before sm_80, and the embedded
 //! PTX targets sm_70. The code is a handful of integer operations, far below the memory time of
 //! any streaming kernel. f16 uses the hardware `cvt` instructions on the device
-//! ([`crate::device::element`]); these functions are compiled for the host as well so that the
+//! (`device::element`); these functions are compiled for the host as well so that the
 //! rounding can be tested there.
 
 /// Widens a bf16 bit pattern to f32. Exact: every bf16 value is an f32 value.

@@ -4,7 +4,7 @@
 //!
 //! * for `nvptx64-nvidia-cuda`, by `host/build.rs` (through `opsmith-ptx-builder`), into the PTX
 //!   module that `opsmith-host` embeds. Only that build contains the kernels themselves and the
-//!   device-side std in [`device`].
+//!   device-side std in `device`.
 //! * for the host, as an ordinary dependency of `opsmith-host`. That build contains only the
 //!   kernel *name tables* ([`names`]) and the pure-arithmetic helpers in [`convert`], so the host
 //!   refers to kernels through the same identifiers the kernels are defined with: a renamed kernel
