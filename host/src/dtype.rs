@@ -91,6 +91,10 @@ pub trait Accumulator:
 {
     /// `a * b + c` with one rounding, as the GPU's `fma.rn`.
     fn fma(a: Self, b: Self, c: Self) -> Self;
+    /// Rounds a scalar parameter to this type.
+    fn from_f64(x: f64) -> Self;
+    /// Widens to f64.
+    fn to_f64(self) -> f64;
 }
 
 impl Accumulator for f32 {
@@ -98,12 +102,24 @@ impl Accumulator for f32 {
     fn fma(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
     }
+    fn from_f64(x: f64) -> f32 {
+        x as f32
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
 }
 
 impl Accumulator for f64 {
     #[inline(always)]
     fn fma(a: f64, b: f64, c: f64) -> f64 {
         a.mul_add(b, c)
+    }
+    fn from_f64(x: f64) -> f64 {
+        x
+    }
+    fn to_f64(self) -> f64 {
+        self
     }
 }
 

@@ -10,7 +10,9 @@ macro_rules! elementwise_family {
         $(#[$table_doc:meta])*
         $table:ident, $elem:ty, {
             add: $add:ident,
+            sub: $sub:ident,
             mul: $mul:ident,
+            affine: $affine:ident,
             fused_mul_add: $fma:ident,
             add_mul: $add_mul:ident,
             add_mul_backward: $add_mul_bwd:ident $(,)?
@@ -19,7 +21,9 @@ macro_rules! elementwise_family {
         $(#[$table_doc])*
         pub const $table: ElementwiseKernels = ElementwiseKernels {
             add: stringify!($add),
+            sub: stringify!($sub),
             mul: stringify!($mul),
+            affine: stringify!($affine),
             fused_mul_add: stringify!($fma),
             add_mul: stringify!($add_mul),
             add_mul_backward: stringify!($add_mul_bwd),
@@ -38,6 +42,36 @@ macro_rules! elementwise_family {
         pub unsafe extern "ptx-kernel" fn $add(a: *const $elem, b: *const $elem, out: *mut $elem, n: u64) {
             // SAFETY: forwarded from this kernel's contract.
             unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a + b]) }
+        }
+
+        /// `out[i] = a[i] - b[i]` for `i < n`.
+        ///
+        /// Thread mapping as for the `add` kernel of this family.
+        ///
+        /// # Safety
+        /// As for `add`: `a`, `b` and `out` are valid for `n` elements and aligned to the element
+        /// type; `out` is either exactly `a` or `b`, or overlaps neither.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $sub(a: *const $elem, b: *const $elem, out: *mut $elem, n: u64) {
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a - b]) }
+        }
+
+        /// `out[i] = x[i] * alpha + beta` for `i < n`, one rounding in f32 (`fma.rn.f32`): negation,
+        /// scaling and shifting by a scalar.
+        ///
+        /// Thread mapping as for the `add` kernel of this family.
+        ///
+        /// # Safety
+        /// `x` and `out` are valid for `n` elements and aligned to the element type; `out` is
+        /// either exactly `x` or does not overlap it.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $affine(x: *const $elem, out: *mut $elem, alpha: f32, beta: f32, n: u64) {
+            use crate::device::math::fma;
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe { crate::device::elementwise::map_elementwise::<$elem, 1, 1>([x], [out], n, |[x]| [fma(x, alpha, beta)]) }
         }
 
         /// `out[i] = a[i] * b[i]` for `i < n`.
@@ -122,7 +156,9 @@ elementwise_family! {
     /// The elementwise kernels for f32 tensors.
     F32, f32, {
         add: add_f32,
+        sub: sub_f32,
         mul: mul_f32,
+        affine: affine_f32,
         fused_mul_add: fused_mul_add_f32,
         add_mul: add_mul_f32,
         add_mul_backward: add_mul_backward_f32,
@@ -133,7 +169,9 @@ elementwise_family! {
     /// The elementwise kernels for f16 tensors (arithmetic in f32).
     F16, crate::device::element::F16, {
         add: add_f16,
+        sub: sub_f16,
         mul: mul_f16,
+        affine: affine_f16,
         fused_mul_add: fused_mul_add_f16,
         add_mul: add_mul_f16,
         add_mul_backward: add_mul_backward_f16,
@@ -144,7 +182,9 @@ elementwise_family! {
     /// The elementwise kernels for bf16 tensors (arithmetic in f32).
     BF16, crate::device::element::Bf16, {
         add: add_bf16,
+        sub: sub_bf16,
         mul: mul_bf16,
+        affine: affine_bf16,
         fused_mul_add: fused_mul_add_bf16,
         add_mul: add_mul_bf16,
         add_mul_backward: add_mul_backward_bf16,

@@ -10,7 +10,10 @@
 //!   refers to kernels through the same identifiers the kernels are defined with: a renamed kernel
 //!   is a compile error on the host, never a missing symbol at a user's run time.
 #![no_std]
-#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx, core_intrinsics, f16, portable_simd))]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, core_intrinsics, f16, portable_simd, link_llvm_intrinsics)
+)]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 #![warn(missing_docs)]
 
@@ -19,8 +22,9 @@ pub mod convert;
 pub mod device;
 mod elementwise;
 pub mod names;
+mod reduction;
 
-pub use names::ElementwiseKernels;
+pub use names::{ElementwiseKernels, ReductionKernels};
 
 /// The kernels never unwind: a panic on the device stops the thread with a trap, which the host
 /// sees as a launch failure naming the kernel.

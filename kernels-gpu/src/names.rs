@@ -8,8 +8,12 @@
 pub struct ElementwiseKernels {
     /// `out = a + b`.
     pub add: &'static str,
+    /// `out = a - b`.
+    pub sub: &'static str,
     /// `out = a * b`.
     pub mul: &'static str,
+    /// `out = x * alpha + beta` for scalars `alpha`, `beta`.
+    pub affine: &'static str,
     /// `d = a * b + c`, one rounding for the multiply-add.
     pub fused_mul_add: &'static str,
     /// `z = (x + y) * w`.
@@ -20,12 +24,47 @@ pub struct ElementwiseKernels {
 
 impl ElementwiseKernels {
     /// Every entry point of the table, for checks that the PTX defines them all.
+    pub const fn all(&self) -> [&'static str; 7] {
+        [self.add, self.sub, self.mul, self.affine, self.fused_mul_add, self.add_mul, self.add_mul_backward]
+    }
+}
+
+/// The PTX entry points of the reduction and broadcast family for one storage dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReductionKernels {
+    /// First pass of a whole-tensor sum: one f32 partial per warp.
+    pub sum_partials: &'static str,
+    /// Second pass: the partials' sum, times a scale, in one warp.
+    pub sum_finish: &'static str,
+    /// `out[i] = g[0] * scale`.
+    pub broadcast_scalar: &'static str,
+    /// `out[r, c] = x[r, c] + b[c]`.
+    pub add_row: &'static str,
+    /// `out[c] = sum over r of g[r, c]`.
+    pub sum_rows: &'static str,
+}
+
+impl ReductionKernels {
+    /// Every entry point of the table.
     pub const fn all(&self) -> [&'static str; 5] {
-        [self.add, self.mul, self.fused_mul_add, self.add_mul, self.add_mul_backward]
+        [self.sum_partials, self.sum_finish, self.broadcast_scalar, self.add_row, self.sum_rows]
     }
 }
 
 pub use crate::elementwise::{BF16, F16, F32};
 
-/// Every kernel table this crate defines.
+/// The reduction tables, by dtype.
+pub mod reduction {
+    pub use crate::reduction::{BF16, F16, F32};
+}
+
+/// Every elementwise kernel table this crate defines.
 pub const ALL_ELEMENTWISE: [ElementwiseKernels; 3] = [F32, F16, BF16];
+
+/// Every reduction kernel table this crate defines.
+pub const ALL_REDUCTION: [ReductionKernels; 3] = [reduction::F32, reduction::F16, reduction::BF16];
+
+/// Every kernel name of the crate, for checks that the PTX defines exactly these.
+pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {
+    ALL_ELEMENTWISE.into_iter().flat_map(|t| t.all()).chain(ALL_REDUCTION.into_iter().flat_map(|t| t.all()))
+}

@@ -72,6 +72,13 @@ fn compute<T: Element>(op: Elementwise, ins: &[ArrayView1<'_, T>], outs: &mut [A
         (Elementwise::Add, [out]) => {
             Zip::from(out).and(&ins[0]).and(&ins[1]).for_each(|o, a, b| *o = T::from_acc(acc(a) + acc(b)))
         }
+        (Elementwise::Sub, [out]) => {
+            Zip::from(out).and(&ins[0]).and(&ins[1]).for_each(|o, a, b| *o = T::from_acc(acc(a) - acc(b)))
+        }
+        (Elementwise::Affine { alpha, beta }, [out]) => {
+            let (alpha, beta) = (T::Acc::from_f64(alpha), T::Acc::from_f64(beta));
+            Zip::from(out).and(&ins[0]).for_each(|o, x| *o = T::from_acc(Accumulator::fma(acc(x), alpha, beta)))
+        }
         (Elementwise::Mul, [out]) => {
             Zip::from(out).and(&ins[0]).and(&ins[1]).for_each(|o, a, b| *o = T::from_acc(acc(a) * acc(b)))
         }

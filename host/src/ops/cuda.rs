@@ -19,7 +19,9 @@ fn kernel_table(op: Elementwise, dtype: DType, device: Device) -> Result<Element
 fn kernel_name(op: Elementwise, table: &ElementwiseKernels) -> &'static str {
     match op {
         Elementwise::Add => table.add,
+        Elementwise::Sub => table.sub,
         Elementwise::Mul => table.mul,
+        Elementwise::Affine { .. } => table.affine,
         Elementwise::FusedMulAdd => table.fused_mul_add,
         Elementwise::AddMul => table.add_mul,
         Elementwise::AddMulBackward => table.add_mul_backward,
@@ -54,12 +56,18 @@ pub(super) fn elementwise(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tenso
     let cfg = LaunchConfig::grid_stride(&device, kernel.name(), n.div_ceil(lanes), DEFAULT_BLOCK)?;
     let stream = device.current_stream();
     with_cuda_ptrs(&stream, inputs, outputs, |reads, writes| {
-        let mut values: Vec<u64> = reads.iter().chain(writes).copied().collect();
-        values.push(n);
-        let mut params: Vec<*mut c_void> = values.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
-        // SAFETY: the kernel takes (inputs…, outputs…, n: u64), as `elementwise_family!` defines
-        // it; every pointer is valid for `n` elements of the checked dtype on this device, and
-        // `check::elementwise` ruled out partial overlaps.
+        let mut pointers: Vec<u64> = reads.iter().chain(writes).copied().collect();
+        let mut scalars: Vec<f32> = match op {
+            Elementwise::Affine { alpha, beta } => vec![alpha as f32, beta as f32],
+            _ => Vec::new(),
+        };
+        let mut n = n;
+        let mut params: Vec<*mut c_void> = pointers.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+        params.extend(scalars.iter_mut().map(|v| v as *mut f32 as *mut c_void));
+        params.push(&mut n as *mut u64 as *mut c_void);
+        // SAFETY: the kernel takes (inputs…, outputs…, scalars…, n: u64), as
+        // `elementwise_family!` defines it; every pointer is valid for `n` elements of the
+        // checked dtype on this device, and `check::elementwise` ruled out partial overlaps.
         unsafe { kernel.launch_raw(&stream, cfg, &mut params) }
     })
 }

@@ -11,14 +11,23 @@
 pub(crate) mod check;
 mod cpu;
 mod cuda;
+mod reduce;
+
+pub use reduce::{add_row, expand_scalar, mean, sum, sum_rows};
 
 use crate::{Device, Result, Tensor};
 
 /// The elementwise operations, each of which is one kernel on CUDA and one pass on the CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Elementwise {
     Add,
+    Sub,
     Mul,
+    /// `x * alpha + beta`.
+    Affine {
+        alpha: f64,
+        beta: f64,
+    },
     FusedMulAdd,
     AddMul,
     AddMulBackward,
@@ -28,7 +37,9 @@ impl Elementwise {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Elementwise::Add => "add",
+            Elementwise::Sub => "sub",
             Elementwise::Mul => "mul",
+            Elementwise::Affine { .. } => "affine",
             Elementwise::FusedMulAdd => "fused_mul_add",
             Elementwise::AddMul => "add_mul",
             Elementwise::AddMulBackward => "add_mul_backward",
@@ -38,7 +49,8 @@ impl Elementwise {
     /// (inputs, outputs).
     pub(crate) fn arity(self) -> (usize, usize) {
         match self {
-            Elementwise::Add | Elementwise::Mul => (2, 1),
+            Elementwise::Affine { .. } => (1, 1),
+            Elementwise::Add | Elementwise::Sub | Elementwise::Mul => (2, 1),
             Elementwise::FusedMulAdd | Elementwise::AddMul => (3, 1),
             Elementwise::AddMulBackward => (4, 2),
         }
@@ -85,6 +97,61 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// `out = a + b`, into an existing tensor.
 pub fn add_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
     run(Elementwise::Add, &[a, b], &[out])
+}
+
+/// `a - b`, elementwise.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
+/// let b = Tensor::from_vec(vec![0.5f32, 4.0], [2], Device::Cpu)?;
+/// assert_eq!(ops::sub(&a, &b)?.to_vec::<f32>()?, [0.5, -2.0]);
+/// # Ok(()) }
+/// ```
+pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let [out] = run_new(Elementwise::Sub, &[a, b])?;
+    Ok(out)
+}
+
+/// `out = a - b`, into an existing tensor.
+pub fn sub_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+    run(Elementwise::Sub, &[a, b], &[out])
+}
+
+/// `x * alpha + beta` elementwise, with one rounding (an FMA with scalar operands); `alpha` and
+/// `beta` are rounded to the arithmetic type (f32, or f64 for f64 tensors).
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, -2.0], [2], Device::Cpu)?;
+/// assert_eq!(ops::affine(&x, 3.0, 0.5)?.to_vec::<f32>()?, [3.5, -5.5]);
+/// # Ok(()) }
+/// ```
+pub fn affine(x: &Tensor, alpha: f64, beta: f64) -> Result<Tensor> {
+    let [out] = run_new(Elementwise::Affine { alpha, beta }, &[x])?;
+    Ok(out)
+}
+
+/// `out = x * alpha + beta`, into an existing tensor.
+pub fn affine_into(x: &Tensor, alpha: f64, beta: f64, out: &Tensor) -> Result<()> {
+    run(Elementwise::Affine { alpha, beta }, &[x], &[out])
+}
+
+/// `-x`.
+pub fn neg(x: &Tensor) -> Result<Tensor> {
+    affine(x, -1.0, 0.0)
+}
+
+/// `x * alpha` for a scalar `alpha`.
+pub fn scale(x: &Tensor, alpha: f64) -> Result<Tensor> {
+    affine(x, alpha, 0.0)
+}
+
+/// `x + beta` for a scalar `beta`.
+pub fn add_scalar(x: &Tensor, beta: f64) -> Result<Tensor> {
+    affine(x, 1.0, beta)
 }
 
 /// `a * b`, elementwise.

@@ -17,21 +17,29 @@ pub const OFFSETS: [usize; 3] = [0, 1, 3];
 /// out-of-range writes. Exactly representable in every dtype.
 pub const SENTINEL: f64 = -7.5;
 
+/// The scalars of the `affine` case: exactly representable, not a power of two.
+pub const ALPHA: f64 = -1.5;
+pub const BETA: f64 = 0.375;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Add,
+    Sub,
     Mul,
+    /// `x * ALPHA + BETA`.
+    Affine,
     FusedMulAdd,
     AddMul,
     AddMulBackward,
 }
 
 impl Op {
-    pub const ALL: [Op; 5] = [Op::Add, Op::Mul, Op::FusedMulAdd, Op::AddMul, Op::AddMulBackward];
+    pub const ALL: [Op; 7] = [Op::Add, Op::Sub, Op::Mul, Op::Affine, Op::FusedMulAdd, Op::AddMul, Op::AddMulBackward];
 
     pub fn arity(self) -> (usize, usize) {
         match self {
-            Op::Add | Op::Mul => (2, 1),
+            Op::Affine => (1, 1),
+            Op::Add | Op::Sub | Op::Mul => (2, 1),
             Op::FusedMulAdd | Op::AddMul => (3, 1),
             Op::AddMulBackward => (4, 2),
         }
@@ -41,7 +49,9 @@ impl Op {
     pub fn reference(self, x: &[f64]) -> Vec<f64> {
         match self {
             Op::Add => vec![x[0] + x[1]],
+            Op::Sub => vec![x[0] - x[1]],
             Op::Mul => vec![x[0] * x[1]],
+            Op::Affine => vec![x[0] * ALPHA + BETA],
             Op::FusedMulAdd => vec![x[0] * x[1] + x[2]],
             Op::AddMul => vec![(x[0] + x[1]) * x[2]],
             Op::AddMulBackward => vec![x[0] * x[3], x[0] * (x[1] + x[2])],
@@ -71,7 +81,9 @@ impl Op {
     pub fn apply(self, ins: &[&Tensor], outs: &[&Tensor]) -> Result<()> {
         match self {
             Op::Add => ops::add_into(ins[0], ins[1], outs[0]),
+            Op::Sub => ops::sub_into(ins[0], ins[1], outs[0]),
             Op::Mul => ops::mul_into(ins[0], ins[1], outs[0]),
+            Op::Affine => ops::affine_into(ins[0], ALPHA, BETA, outs[0]),
             Op::FusedMulAdd => ops::fused_mul_add_into(ins[0], ins[1], ins[2], outs[0]),
             Op::AddMul => ops::add_mul_into(ins[0], ins[1], ins[2], outs[0]),
             Op::AddMulBackward => ops::add_mul_backward_into(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1]),
@@ -81,7 +93,9 @@ impl Op {
     pub fn apply_new(self, ins: &[&Tensor]) -> Result<Vec<Tensor>> {
         Ok(match self {
             Op::Add => vec![ops::add(ins[0], ins[1])?],
+            Op::Sub => vec![ops::sub(ins[0], ins[1])?],
             Op::Mul => vec![ops::mul(ins[0], ins[1])?],
+            Op::Affine => vec![ops::affine(ins[0], ALPHA, BETA)?],
             Op::FusedMulAdd => vec![ops::fused_mul_add(ins[0], ins[1], ins[2])?],
             Op::AddMul => vec![ops::add_mul(ins[0], ins[1], ins[2])?],
             Op::AddMulBackward => {
@@ -194,8 +208,9 @@ pub fn check_op(device: Device, op: Op, dtype: DType, n: usize, offset: usize, s
     for i in 0..n {
         let x: Vec<f64> = inputs_f64.iter().map(|v| v[i]).collect();
         let scale = match op {
-            Op::Add => x[0].abs() + x[1].abs(),
+            Op::Add | Op::Sub => x[0].abs() + x[1].abs(),
             Op::Mul => (x[0] * x[1]).abs(),
+            Op::Affine => (x[0] * ALPHA).abs() + BETA.abs(),
             Op::FusedMulAdd => (x[0] * x[1]).abs() + x[2].abs(),
             Op::AddMul => (x[0].abs() + x[1].abs()) * x[2].abs(),
             Op::AddMulBackward => (x[0] * x[3]).abs().max(x[0].abs() * (x[1].abs() + x[2].abs())),
@@ -351,6 +366,65 @@ pub fn operand_errors(device: Device) -> Result<()> {
     Ok(())
 }
 
+/// `sum`, `mean`, `expand_scalar`, `add_row` and `sum_rows` against f64, for every dtype.
+pub fn reductions_against_f64(device: Device) -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(31);
+    for dtype in DTYPES {
+        if !supported(dtype, device) {
+            let t = tensor(&[1.0, 2.0], dtype, device)?;
+            assert!(matches!(ops::sum(&t), Err(Error::UnsupportedDType { op: "sum", .. })));
+            continue;
+        }
+        let u = dtype.unit_roundoff().max(DType::F32.unit_roundoff());
+        for n in [1usize, 5, 1000, 33 * 1024 + 7, (1 << 20) + 3] {
+            let v = random_values(&mut rng, n, dtype);
+            let t = tensor(&v, dtype, device)?;
+            let exact: f64 = v.iter().sum();
+            let abs_sum: f64 = v.iter().map(|x| x.abs()).sum();
+            // f32 accumulation error grows at most linearly in the terms; the result is then
+            // rounded once to the dtype.
+            let tol = 2.0 * DType::F32.unit_roundoff() * abs_sum * (n as f64).log2().max(1.0) + u * exact.abs() * 1.01;
+            let s = values(&ops::sum(&t)?)?;
+            assert!((s[0] - exact).abs() <= tol, "sum {dtype} n={n} on {device}: {} vs {exact} (tol {tol:e})", s[0]);
+            let m = values(&ops::mean(&t)?)?;
+            let mean_tol = tol / n as f64 + u * (exact / n as f64).abs();
+            assert!((m[0] - exact / n as f64).abs() <= mean_tol, "mean {dtype} n={n} on {device}");
+        }
+        // expand_scalar: the backward of sum/mean.
+        let g = tensor(&[2.5], dtype, device)?;
+        let e = values(&ops::expand_scalar(&g, [3, 5], 0.25)?)?;
+        assert_eq!(e, vec![0.625; 15], "expand_scalar {dtype} on {device}");
+        // add_row and sum_rows on a matrix with an odd column count.
+        let (rows, cols) = (37, 133);
+        let x = random_values(&mut rng, rows * cols, dtype);
+        let b = random_values(&mut rng, cols, dtype);
+        let xt = tensor(&x, dtype, device)?.reshape([rows, cols])?;
+        let bt = tensor(&b, dtype, device)?;
+        let y = values(&ops::add_row(&xt, &bt)?)?;
+        for i in 0..rows * cols {
+            let r = x[i] + b[i % cols];
+            let tol = Op::Add.tolerance(dtype, r, x[i].abs() + b[i % cols].abs());
+            assert!((y[i] - r).abs() <= tol, "add_row {dtype} on {device} at {i}: {} vs {r}", y[i]);
+        }
+        let sr = values(&ops::sum_rows(&xt)?)?;
+        for c in 0..cols {
+            let exact: f64 = (0..rows).map(|r| x[r * cols + c]).sum();
+            let abs: f64 = (0..rows).map(|r| x[r * cols + c].abs()).sum();
+            let tol = rows as f64 * DType::F32.unit_roundoff() * abs + u * exact.abs() * 1.01;
+            assert!((sr[c] - exact).abs() <= tol, "sum_rows {dtype} on {device} col {c}: {} vs {exact}", sr[c]);
+        }
+        // Shape errors.
+        assert!(matches!(
+            ops::add_row(&xt, &tensor(&b[..cols - 1], dtype, device)?),
+            Err(Error::ShapeMismatch { op: "add_row", .. })
+        ));
+        assert!(matches!(ops::sum_rows(&bt), Err(Error::InvalidArgument { op: "sum_rows", .. })));
+        assert!(matches!(ops::expand_scalar(&bt, [2], 1.0), Err(Error::ShapeMismatch { op: "expand_scalar", .. })));
+        assert!(matches!(ops::mean(&tensor(&[], dtype, device)?), Err(Error::InvalidArgument { op: "mean", .. })));
+    }
+    Ok(())
+}
+
 /// Lists every shared case, for the suites to run.
 #[macro_export]
 macro_rules! shared_cases {
@@ -374,6 +448,18 @@ macro_rules! shared_cases {
         #[test]
         fn add_mul_backward_against_f64() -> opsmith_host::Result<()> {
             common::op_against_f64($device, common::Op::AddMulBackward)
+        }
+        #[test]
+        fn sub_against_f64() -> opsmith_host::Result<()> {
+            common::op_against_f64($device, common::Op::Sub)
+        }
+        #[test]
+        fn affine_against_f64() -> opsmith_host::Result<()> {
+            common::op_against_f64($device, common::Op::Affine)
+        }
+        #[test]
+        fn reductions_against_f64() -> opsmith_host::Result<()> {
+            common::reductions_against_f64($device)
         }
         #[test]
         fn functional_matches_into() -> opsmith_host::Result<()> {

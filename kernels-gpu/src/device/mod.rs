@@ -5,8 +5,10 @@
 //! * [`math`]: a real fused multiply-add (rustc keeps `a * b + c` as two roundings).
 //! * [`element`]: the storage dtypes (f32, f16, bf16) and their conversions to f32.
 //! * [`elementwise`]: the driver that streams N inputs to M outputs through a per-element closure.
+//! * [`warp`]: warp-level sums by register shuffles (no shared memory).
 pub mod element;
 pub mod elementwise;
 pub mod index;
 pub mod math;
 pub mod memory;
+pub mod warp;

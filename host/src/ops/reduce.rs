@@ -1,0 +1,261 @@
+//! Reductions and broadcasts: `sum`, `mean`, `expand_scalar` (a scalar broadcast to a shape),
+//! and the bias row (`add_row`, with its backward `sum_rows`). CPU and CUDA halves side by side.
+use super::check;
+use crate::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, LaunchConfig};
+use crate::dtype::with_element_type;
+use crate::{DType, Device, Element, Error, Result, Shape, Tensor};
+use opsmith_kernels::{ReductionKernels, names::reduction};
+
+fn table(op: &'static str, t: &Tensor) -> Result<ReductionKernels> {
+    match t.dtype() {
+        DType::F32 => Ok(reduction::F32),
+        DType::F16 => Ok(reduction::F16),
+        DType::BF16 => Ok(reduction::BF16),
+        DType::F64 => Err(Error::UnsupportedDType { op, dtype: DType::F64, device: t.device() }),
+    }
+}
+
+fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
+    match t.device() {
+        Device::Cuda(n) => CudaDevice::get(n),
+        Device::Cpu => Err(Error::DeviceMismatch { op: "cuda op", lhs: Device::Cuda(0), rhs: Device::Cpu }),
+    }
+}
+
+/// Launches one of opsmith's own kernels through the checked path.
+fn launch(device: &CudaDevice, name: &str, cfg: LaunchConfig, args: &[KernelArg<'_>]) -> Result<()> {
+    let kernel = device.kernels()?.kernel(name)?;
+    // SAFETY: each caller passes the arguments its kernel declares in `kernels-gpu/src/reduction.rs`,
+    // with tensors checked to hold the element counts the kernel indexes.
+    unsafe { kernel.launch(&device.current_stream(), cfg, args) }
+}
+
+/// The elements of a CPU tensor as f64 (exact for every dtype).
+fn host_values(t: &Tensor) -> Result<Vec<f64>> {
+    with_element_type!(t.dtype(), T => Ok(t.to_vec::<T>()?.into_iter().map(T::to_f64).collect()))
+}
+
+/// A CPU tensor from f64 values, rounded to `dtype`.
+fn from_host_values(values: Vec<f64>, shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+    with_element_type!(dtype, T => Tensor::from_vec(values.into_iter().map(T::from_f64).collect::<Vec<T>>(), shape, Device::Cpu))
+}
+
+fn reduce_all(op: &'static str, x: &Tensor, scale: f64) -> Result<Tensor> {
+    let n = x.elem_count();
+    match x.device() {
+        Device::Cpu => {
+            // Accumulated in f64, then rounded once.
+            let total: f64 = host_values(x)?.iter().sum();
+            from_host_values(vec![total * scale], Shape::from(Vec::new()), x.dtype())
+        }
+        Device::Cuda(_) => {
+            let kernels = table(op, x)?;
+            let device = cuda_device(x)?;
+            let out = Tensor::empty(Shape::from(Vec::new()), x.dtype(), x.device())?;
+            let cfg = LaunchConfig::grid_stride(&device, kernels.sum_partials, n as u64, DEFAULT_BLOCK)?;
+            let warps = (cfg.grid * cfg.block / 32) as usize;
+            let partials = Tensor::empty(Shape::from(warps), DType::F32, x.device())?;
+            let n64 = n as u64;
+            launch(
+                &device,
+                kernels.sum_partials,
+                cfg,
+                &[KernelArg::Input(x), KernelArg::Output(&partials), KernelArg::U64(n64)],
+            )?;
+            let one_warp = LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 };
+            launch(
+                &device,
+                kernels.sum_finish,
+                one_warp,
+                &[
+                    KernelArg::Input(&partials),
+                    KernelArg::Output(&out),
+                    KernelArg::U64(warps as u64),
+                    KernelArg::F32(scale as f32),
+                ],
+            )?;
+            Ok(out)
+        }
+    }
+}
+
+/// The sum of all elements, as a tensor of shape `[]` (one element) of the same dtype.
+///
+/// On CUDA the sum is accumulated in f32 in a fixed order (the same bits every run); on the CPU
+/// in f64.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.5], [3], Device::Cpu)?;
+/// let s = ops::sum(&x)?;
+/// assert_eq!(s.dims(), [0usize; 0]);
+/// assert_eq!(s.to_vec::<f32>()?, [6.5]);
+/// # Ok(()) }
+/// ```
+pub fn sum(x: &Tensor) -> Result<Tensor> {
+    reduce_all("sum", x, 1.0)
+}
+
+/// The mean of all elements, as a tensor of shape `[]`. An empty tensor has no mean:
+/// [`Error::InvalidArgument`].
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 6.0], [2, 2], Device::Cpu)?;
+/// assert_eq!(ops::mean(&x)?.to_vec::<f32>()?, [3.0]);
+/// # Ok(()) }
+/// ```
+pub fn mean(x: &Tensor) -> Result<Tensor> {
+    let n = x.elem_count();
+    if n == 0 {
+        return Err(Error::InvalidArgument { op: "mean", reason: "the mean of an empty tensor is undefined".into() });
+    }
+    reduce_all("mean", x, 1.0 / n as f64)
+}
+
+/// A tensor of `shape` whose every element is `g * scale`, where `g` holds one element: the
+/// backward of `sum` (scale 1) and `mean` (scale 1/n). On CUDA the value is read on the device.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let g = Tensor::from_vec(vec![3.0f32], [1], Device::Cpu)?;
+/// assert_eq!(ops::expand_scalar(&g, [2, 2], 0.5)?.to_vec::<f32>()?, [1.5; 4]);
+/// # Ok(()) }
+/// ```
+pub fn expand_scalar(g: &Tensor, shape: impl Into<Shape>, scale: f64) -> Result<Tensor> {
+    let shape = shape.into();
+    if g.elem_count() != 1 {
+        return Err(Error::ShapeMismatch { op: "expand_scalar", lhs: vec![1], rhs: g.dims().to_vec() });
+    }
+    match g.device() {
+        Device::Cpu => {
+            let value = host_values(g)?[0];
+            let n = shape.checked_elem_count().unwrap_or(0);
+            from_host_values(vec![value * scale; n], shape, g.dtype())
+        }
+        Device::Cuda(_) => {
+            let kernels = table("expand_scalar", g)?;
+            let device = cuda_device(g)?;
+            let out = Tensor::empty(shape, g.dtype(), g.device())?;
+            let n = out.elem_count() as u64;
+            if n > 0 {
+                let cfg = LaunchConfig::grid_stride(&device, kernels.broadcast_scalar, n, DEFAULT_BLOCK)?;
+                launch(
+                    &device,
+                    kernels.broadcast_scalar,
+                    cfg,
+                    &[KernelArg::Input(g), KernelArg::Output(&out), KernelArg::F32(scale as f32), KernelArg::U64(n)],
+                )?;
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// (rows, cols) of a matrix operand, or a shape error naming `op`.
+fn matrix_dims(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {
+    match *x.dims() {
+        [rows, cols] => Ok((rows, cols)),
+        _ => Err(Error::InvalidArgument { op, reason: format!("expects a 2-D matrix, got shape {:?}", x.dims()) }),
+    }
+}
+
+/// `x + b` for a matrix `x` of shape `[rows, cols]` and a bias row `b` of shape `[cols]`: `b` is
+/// added to every row.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], Device::Cpu)?;
+/// let b = Tensor::from_vec(vec![10.0f32, 20.0], [2], Device::Cpu)?;
+/// assert_eq!(ops::add_row(&x, &b)?.to_vec::<f32>()?, [11.0, 22.0, 13.0, 24.0]);
+/// # Ok(()) }
+/// ```
+pub fn add_row(x: &Tensor, b: &Tensor) -> Result<Tensor> {
+    check::same_device("add_row", &[x, b])?;
+    check::same_dtype("add_row", &[x, b])?;
+    let (rows, cols) = matrix_dims("add_row", x)?;
+    if b.dims() != [cols] {
+        return Err(Error::ShapeMismatch { op: "add_row", lhs: vec![cols], rhs: b.dims().to_vec() });
+    }
+    match x.device() {
+        Device::Cpu => {
+            let (xv, bv) = (host_values(x)?, host_values(b)?);
+            with_element_type!(x.dtype(), T => {
+                // Round through the arithmetic type, as the kernels do.
+                let out: Vec<T> = xv
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| T::from_acc(T::from_f64(v).to_acc() + T::from_f64(bv[i % cols]).to_acc()))
+                    .collect();
+                Tensor::from_vec(out, [rows, cols], Device::Cpu)
+            })
+        }
+        Device::Cuda(_) => {
+            let kernels = table("add_row", x)?;
+            let device = cuda_device(x)?;
+            let out = Tensor::empty(x.shape().clone(), x.dtype(), x.device())?;
+            let n = (rows * cols) as u64;
+            if n > 0 {
+                let cfg = LaunchConfig::grid_stride(&device, kernels.add_row, n, DEFAULT_BLOCK)?;
+                launch(
+                    &device,
+                    kernels.add_row,
+                    cfg,
+                    &[
+                        KernelArg::Input(x),
+                        KernelArg::Input(b),
+                        KernelArg::Output(&out),
+                        KernelArg::U64(rows as u64),
+                        KernelArg::U64(cols as u64),
+                    ],
+                )?;
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// The sum over rows of a `[rows, cols]` matrix, shape `[cols]`: the backward of [`add_row`]
+/// for the bias.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let g = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [3, 2], Device::Cpu)?;
+/// assert_eq!(ops::sum_rows(&g)?.to_vec::<f32>()?, [9.0, 12.0]);
+/// # Ok(()) }
+/// ```
+pub fn sum_rows(g: &Tensor) -> Result<Tensor> {
+    let (rows, cols) = matrix_dims("sum_rows", g)?;
+    match g.device() {
+        Device::Cpu => {
+            let gv = host_values(g)?;
+            let sums: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| gv[r * cols + c]).sum()).collect();
+            from_host_values(sums, [cols], g.dtype())
+        }
+        Device::Cuda(_) => {
+            let kernels = table("sum_rows", g)?;
+            let device = cuda_device(g)?;
+            let out = Tensor::empty(Shape::from(cols), g.dtype(), g.device())?;
+            if cols > 0 {
+                let cfg = LaunchConfig::grid_stride(&device, kernels.sum_rows, cols as u64, DEFAULT_BLOCK)?;
+                launch(
+                    &device,
+                    kernels.sum_rows,
+                    cfg,
+                    &[
+                        KernelArg::Input(g),
+                        KernelArg::Output(&out),
+                        KernelArg::U64(rows as u64),
+                        KernelArg::U64(cols as u64),
+                    ],
+                )?;
+            }
+            Ok(out)
+        }
+    }
+}

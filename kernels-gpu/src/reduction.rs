@@ -1,0 +1,181 @@
+//! Reductions and broadcasts: whole-tensor sums (for `sum` and `mean`), the broadcast of a
+//! scalar gradient back to a shape, and the row-vector bias (`x + b` over rows, and its backward,
+//! the sum over rows).
+//!
+//! The whole-tensor sum is two launches with a fixed order of additions, so it gives the same
+//! bits on every run: `sum_partials` leaves one f32 partial per warp in a scratch buffer, and
+//! `sum_finish` adds the partials in one warp.
+use crate::names::ReductionKernels;
+
+macro_rules! reduction_family {
+    (
+        $(#[$table_doc:meta])*
+        $table:ident, $elem:ty, {
+            sum_partials: $partials:ident,
+            sum_finish: $finish:ident,
+            broadcast_scalar: $broadcast:ident,
+            add_row: $add_row:ident,
+            sum_rows: $sum_rows:ident $(,)?
+        }
+    ) => {
+        $(#[$table_doc])*
+        pub const $table: ReductionKernels = ReductionKernels {
+            sum_partials: stringify!($partials),
+            sum_finish: stringify!($finish),
+            broadcast_scalar: stringify!($broadcast),
+            add_row: stringify!($add_row),
+            sum_rows: stringify!($sum_rows),
+        };
+
+        /// First pass of a sum: each thread adds its grid-stride share of `x[..n]` in f32, each
+        /// warp adds its lanes, and lane 0 writes `partials[warp]`, where `warp` is the warp's
+        /// index in the grid.
+        ///
+        /// # Safety
+        /// `x` is valid for `n` elements; `partials` is valid for `gridDim.x * blockDim.x / 32`
+        /// f32 values and overlaps nothing. `blockDim.x` is a multiple of 32.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $partials(x: *const $elem, partials: *mut f32, n: u64) {
+            use crate::device::{element::Element, index, warp};
+            let mut acc = 0.0f32;
+            for i in index::GridStride::over(0, n) {
+                // SAFETY: i < n.
+                acc += unsafe { x.add(i as usize).read() }.to_f32();
+            }
+            // SAFETY: every lane of every warp reaches this point (the loop above has no early exit).
+            let total = unsafe { warp::warp_sum(acc) };
+            if warp::lane_id() == 0 {
+                let warp_index = index::global_thread_index() / 32;
+                // SAFETY: warp_index < gridDim.x * blockDim.x / 32, the caller's bound.
+                unsafe { partials.add(warp_index as usize).write(total) };
+            }
+        }
+
+        /// Second pass of a sum, launched as one warp (grid 1, block 32):
+        /// `out[0] = scale * (partials[0] + … + partials[count - 1])`, rounded to the dtype.
+        ///
+        /// # Safety
+        /// `partials` is valid for `count` values and `out` for one element; the launch is exactly
+        /// one block of 32 threads.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $finish(partials: *const f32, out: *mut $elem, count: u64, scale: f32) {
+            use crate::device::{element::Element, warp};
+            let lane = warp::lane_id() as u64;
+            let mut acc = 0.0f32;
+            let mut i = lane;
+            while i < count {
+                // SAFETY: i < count.
+                acc += unsafe { partials.add(i as usize).read() };
+                i += 32;
+            }
+            // SAFETY: the launch is one whole warp and every lane reaches this point.
+            let total = unsafe { warp::warp_sum(acc) };
+            if lane == 0 {
+                // SAFETY: `out` is valid for one element.
+                unsafe { out.write(<$elem>::from_f32(total * scale)) };
+            }
+        }
+
+        /// `out[i] = g[0] * scale` for `i < n`: a scalar gradient broadcast back to a shape,
+        /// read from device memory so that backward needs no host round trip.
+        ///
+        /// Thread mapping: grid-stride over elements.
+        ///
+        /// # Safety
+        /// `g` is valid for one element, `out` for `n`; they do not overlap.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $broadcast(g: *const $elem, out: *mut $elem, scale: f32, n: u64) {
+            use crate::device::{element::Element, index};
+            // SAFETY: `g` is valid for one element.
+            let value = <$elem>::from_f32(unsafe { g.read() }.to_f32() * scale);
+            for i in index::GridStride::over(0, n) {
+                // SAFETY: i < n.
+                unsafe { out.add(i as usize).write(value) };
+            }
+        }
+
+        /// `out[r, c] = x[r, c] + b[c]` over a row-major `rows × cols` matrix: a bias row
+        /// broadcast down the rows.
+        ///
+        /// Thread mapping: grid-stride over the `rows * cols` elements.
+        ///
+        /// # Safety
+        /// `x` and `out` are valid for `rows * cols` elements, `b` for `cols`; `out` is exactly
+        /// `x` or overlaps neither input.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $add_row(x: *const $elem, b: *const $elem, out: *mut $elem, rows: u64, cols: u64) {
+            use crate::device::{element::Element, index};
+            if cols == 0 {
+                // Nothing to do, and it spares the modulo below a division-by-zero panic path.
+                return;
+            }
+            for i in index::GridStride::over(0, rows * cols) {
+                // SAFETY: i < rows * cols and i % cols < cols.
+                unsafe {
+                    let v = x.add(i as usize).read().to_f32() + b.add((i % cols) as usize).read().to_f32();
+                    out.add(i as usize).write(<$elem>::from_f32(v));
+                }
+            }
+        }
+
+        /// `out[c] = g[0, c] + g[1, c] + … + g[rows - 1, c]` in f32, in row order: the backward
+        /// of the bias row.
+        ///
+        /// Thread mapping: one thread per column, grid-stride over columns; neighbouring threads
+        /// read neighbouring columns, so every row is read coalesced.
+        ///
+        /// # Safety
+        /// `g` is valid for `rows * cols` elements and `out` for `cols`; they do not overlap.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $sum_rows(g: *const $elem, out: *mut $elem, rows: u64, cols: u64) {
+            use crate::device::{element::Element, index};
+            for c in index::GridStride::over(0, cols) {
+                let mut acc = 0.0f32;
+                for r in 0..rows {
+                    // SAFETY: r * cols + c < rows * cols.
+                    acc += unsafe { g.add((r * cols + c) as usize).read() }.to_f32();
+                }
+                // SAFETY: c < cols.
+                unsafe { out.add(c as usize).write(<$elem>::from_f32(acc)) };
+            }
+        }
+    };
+}
+
+reduction_family! {
+    /// The reduction kernels for f32 tensors.
+    F32, f32, {
+        sum_partials: sum_partials_f32,
+        sum_finish: sum_finish_f32,
+        broadcast_scalar: broadcast_scalar_f32,
+        add_row: add_row_f32,
+        sum_rows: sum_rows_f32,
+    }
+}
+
+reduction_family! {
+    /// The reduction kernels for f16 tensors (arithmetic in f32).
+    F16, crate::device::element::F16, {
+        sum_partials: sum_partials_f16,
+        sum_finish: sum_finish_f16,
+        broadcast_scalar: broadcast_scalar_f16,
+        add_row: add_row_f16,
+        sum_rows: sum_rows_f16,
+    }
+}
+
+reduction_family! {
+    /// The reduction kernels for bf16 tensors (arithmetic in f32).
+    BF16, crate::device::element::Bf16, {
+        sum_partials: sum_partials_bf16,
+        sum_finish: sum_finish_bf16,
+        broadcast_scalar: broadcast_scalar_bf16,
+        add_row: add_row_bf16,
+        sum_rows: sum_rows_bf16,
+    }
+}
