@@ -7,8 +7,17 @@
 //! cargo run --release --example bandwidth -- --quick      # 2^20 and 2^24 only
 //! cargo run --release --example bandwidth -- --ptx other.ptx   # also time fused_mul_add_f32 from other PTX
 //! ```
+use opsmith::autograd::{self, Tape};
 use opsmith::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, KernelModule, LaunchConfig};
 use opsmith::{DType, Device, Element, Result, Tensor, bf16, f16, ops};
+
+/// The report only times; an autograd error here is a host error underneath.
+fn into_host(e: autograd::Error) -> opsmith::Error {
+    match e {
+        autograd::Error::Host(h) => h,
+        other => opsmith::Error::InvalidArgument { op: "bandwidth", reason: other.to_string() },
+    }
+}
 
 const WARMUP: usize = 5;
 const REPS: usize = 30;
@@ -120,6 +129,19 @@ fn main() -> Result<()> {
                 "add_mul_backward",
                 6.0,
                 time_ms(&dev, || ops::add_mul_backward_into(&t[0], &t[1], &t[2], &t[3], &o1, &o2))?,
+            );
+            // Through the tape: forward (x, y, w in; z out) and backward from a given gradient
+            // (g, x, y, w in; one gradient shared by x and y, and gw, out): 10 values an element.
+            row(
+                "tape add_mul fwd+bwd",
+                10.0,
+                time_ms(&dev, || {
+                    let tape = Tape::new();
+                    let (x, y, w) = (tape.var(t[0].clone()), tape.var(t[1].clone()), tape.var(t[2].clone()));
+                    let z = autograd::ops::add_mul(&x, &y, &w).map_err(into_host)?;
+                    tape.backward_with(&z, t[3].clone()).map_err(into_host)?;
+                    Ok(())
+                })?,
             );
             if dtype == DType::F32
                 && let Some(path) = &extra_ptx

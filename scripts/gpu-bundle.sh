@@ -18,14 +18,18 @@ for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["target"]["name"], m["executable"])'
+        package = m["package_id"].split("#")[-1].split("@")[0].removeprefix("opsmith-")
+        kind = m["target"]["kind"][0]
+        name = m["target"]["name"] if kind == "example" else f"test-{package}-{m['target']['name']}"
+        print(name, m["executable"])'
 }
 
 echo "building test binaries" >&2
-cargo test --release -p opsmith-host --features gpu-tests --no-run --message-format=json \
-  | executables | while read -r name path; do cp "$path" "$out/bin/test-$name"; done
+cargo test --release -p opsmith-host -p opsmith-autograd -p opsmith-example-custom-op \
+  --features opsmith-host/gpu-tests,opsmith-autograd/gpu-tests --no-run --message-format=json \
+  | executables | while read -r name path; do cp "$path" "$out/bin/$name"; done
 echo "building examples" >&2
-cargo build --release --examples --message-format=json \
+cargo build --release --examples -p opsmith -p opsmith-example-custom-op --bins --message-format=json \
   | executables | while read -r name path; do cp "$path" "$out/bin/$name"; done
 echo "building the kernels for sm_90 too" >&2
 cargo run --release -q -p opsmith-ptx-builder -- kernels-gpu --arch sm_90 --out target/ptx-sm_90 >&2

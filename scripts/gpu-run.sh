@@ -20,20 +20,26 @@ run() { # name, command...
   return $rc
 }
 
+gpu_suites=(test-host-gpu test-autograd-gpu)
 if [[ $what == test || $what == all ]]; then
-  run gpu-tests "$here/bin/test-gpu"
+  for suite in "$here"/bin/test-*; do
+    run "$(basename "$suite")" "$suite"
+  done
   # Again with every launch synchronized, the mode that pins an asynchronous fault to its launch.
-  OPSMITH_LAUNCH_BLOCKING=1 run gpu-tests-blocking "$here/bin/test-gpu"
-  run cpu-tests "$here/bin/test-cpu"
-  run ptx-tests "$here/bin/test-ptx"
+  for suite in "${gpu_suites[@]}"; do
+    OPSMITH_LAUNCH_BLOCKING=1 run "$suite-blocking" "$here/bin/$suite"
+  done
   run quickstart "$here/bin/quickstart"
+  run custom-op "$here/bin/opsmith-example-custom-op"
 fi
 if [[ $what == sanitize || $what == all ]]; then
   # The suite provokes driver API errors on purpose (bad PTX, unknown kernel names) to test its
   # error paths; those are not reported, so the summaries count memory and ordering errors only.
-  for tool in memcheck racecheck initcheck synccheck; do
-    run "sanitizer-$tool" compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 1 \
-      "$here/bin/test-gpu" --test-threads=1
+  for suite in "${gpu_suites[@]}" test-example-custom-op-gradcheck; do
+    for tool in memcheck racecheck initcheck synccheck; do
+      run "$suite-$tool" compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 1 \
+        "$here/bin/$suite" --test-threads=1
+    done
   done
 fi
 if [[ $what == bench || $what == all ]]; then

@@ -2,7 +2,8 @@
 //!
 //! This facade re-exports the workspace's crates:
 //! * [`host`] (`opsmith-host`): devices, streams, tensors, ops, module loading;
-//! * [`kernels`] (`opsmith-kernels`): the kernel name tables shared with the PTX.
+//! * [`kernels`] (`opsmith-kernels`): the kernel name tables shared with the PTX;
+//! * [`autograd`] (`opsmith-autograd`): the tape, custom ops and gradcheck.
 //!
 //! ```
 //! use opsmith::{ops, Device, Tensor};
@@ -13,6 +14,7 @@
 //! assert_eq!(z.to_vec::<f32>()?, [2.0, 8.0]);
 //! # Ok(()) }
 //! ```
+pub use opsmith_autograd as autograd;
 pub use opsmith_host as host;
 pub use opsmith_host::{DType, Device, Element, Error, Result, Shape, Tensor, bf16, cuda, f16, ops};
 pub use opsmith_kernels as kernels;

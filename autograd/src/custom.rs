@@ -1,0 +1,97 @@
+//! Custom ops with a backward their author writes: the Rust analog of `torch.autograd.Function`.
+use crate::tape::{Var, tracking};
+use crate::{Error, Result};
+use opsmith_host::{Device, Tensor};
+use std::sync::Arc;
+
+/// An op whose forward and backward you write, for the CPU and optionally for CUDA.
+///
+/// The forward gets the input tensors (all on one device, checked) and returns the output. The
+/// backward gets the same inputs, the output, and the output's gradient, and returns one
+/// gradient per input (`None` for an input that needs none), each shaped like its input.
+/// Inputs and output are saved for backward by the tape; writing them in place before backward
+/// makes backward fail with [`Error::SavedTensorModified`].
+///
+/// CUDA halves default to [`Error::MissingCudaImpl`]. Kernels for them can be Rust kernels in
+/// your own kernel crate, built with `opsmith-ptx-builder` from your `build.rs`, or any PTX,
+/// loaded with `opsmith_host::cuda::KernelModule::from_ptx`; `examples/custom-op` does the
+/// former. For [`crate::gradcheck`], the CPU forward must also accept f64 tensors.
+pub trait CustomOp: Send + Sync + 'static {
+    /// The op's name, for errors.
+    fn name(&self) -> &str;
+    /// How many inputs it takes.
+    fn num_inputs(&self) -> usize;
+    /// The forward on the CPU.
+    fn cpu_forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
+    /// The backward on the CPU.
+    fn cpu_backward(&self, inputs: &[&Tensor], output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>>;
+    /// The forward on CUDA.
+    fn cuda_forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        let _ = inputs;
+        Err(Error::MissingCudaImpl { op: self.name().into(), stage: "forward" })
+    }
+    /// The backward on CUDA.
+    fn cuda_backward(&self, inputs: &[&Tensor], output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        let _ = (inputs, output, grad);
+        Err(Error::MissingCudaImpl { op: self.name().into(), stage: "backward" })
+    }
+}
+
+/// Applies a custom op to variables, recording its backward when an input requires gradients.
+pub fn custom(op: &Arc<dyn CustomOp>, inputs: &[&Var]) -> Result<Var> {
+    if inputs.len() != op.num_inputs() {
+        return Err(Error::Arity {
+            op: op.name().into(),
+            what: "inputs",
+            expected: op.num_inputs(),
+            actual: inputs.len(),
+        });
+    }
+    let tensors: Vec<&Tensor> = inputs.iter().map(|v| v.value()).collect();
+    let device = match tensors.first() {
+        Some(t) => t.device(),
+        None => Device::Cpu,
+    };
+    if let Some(t) = tensors.iter().find(|t| t.device() != device) {
+        return Err(opsmith_host::Error::DeviceMismatch { op: "custom op", lhs: device, rhs: t.device() }.into());
+    }
+    let out = match device {
+        Device::Cpu => op.cpu_forward(&tensors)?,
+        Device::Cuda(_) => op.cuda_forward(&tensors)?,
+    };
+    let Some(tape) = tracking(op.name(), inputs)? else { return Ok(Var::constant(out)) };
+    let saved_inputs: Vec<Tensor> = tensors.iter().map(|t| (*t).clone()).collect();
+    let saved_output = out.clone();
+    let mut keep: Vec<&Tensor> = tensors.clone();
+    keep.push(&out);
+    let op = Arc::clone(op);
+    let out_for_record = out.clone();
+    Ok(tape.record(op.name().to_string(), inputs, out_for_record, &keep, move |g| {
+        let ins: Vec<&Tensor> = saved_inputs.iter().collect();
+        let grads = match device {
+            Device::Cpu => op.cpu_backward(&ins, &saved_output, g)?,
+            Device::Cuda(_) => op.cuda_backward(&ins, &saved_output, g)?,
+        };
+        if grads.len() != ins.len() {
+            return Err(Error::Arity {
+                op: op.name().into(),
+                what: "gradients",
+                expected: ins.len(),
+                actual: grads.len(),
+            });
+        }
+        for (k, (gk, input)) in grads.iter().zip(&ins).enumerate() {
+            if let Some(gk) = gk
+                && gk.dims() != input.dims()
+            {
+                return Err(Error::GradientShape {
+                    op: op.name().into(),
+                    input: k,
+                    expected: input.dims().to_vec(),
+                    actual: gk.dims().to_vec(),
+                });
+            }
+        }
+        Ok(grads)
+    }))
+}

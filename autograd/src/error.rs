@@ -1,0 +1,100 @@
+//! The autograd error type; host errors convert into it with `?`.
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in `opsmith-autograd`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An error from the tensor runtime (shapes, dtypes, devices, launches, ...).
+    #[error(transparent)]
+    Host(#[from] opsmith_host::Error),
+    /// A tensor saved for backward was written in place between forward and backward.
+    #[error(
+        "{op}: a tensor saved for backward was modified in place after the forward pass (version {saved} \
+         when saved, {now} at backward); gradients would be wrong. Copy it before modifying it"
+    )]
+    SavedTensorModified {
+        /// The op whose saved input changed.
+        op: String,
+        /// Its storage version when saved.
+        saved: u64,
+        /// Its storage version at backward.
+        now: u64,
+    },
+    /// A custom op has no CUDA implementation of this stage.
+    #[error("custom op `{op}` has no CUDA {stage}: implement CustomOp::cuda_{stage}, or run it on the CPU")]
+    MissingCudaImpl {
+        /// The custom op.
+        op: String,
+        /// "forward" or "backward".
+        stage: &'static str,
+    },
+    /// An op got the wrong number of inputs, or a backward the wrong number of gradients.
+    #[error("{op}: expected {expected} {what}, got {actual}")]
+    Arity {
+        /// The op.
+        op: String,
+        /// "inputs" or "gradients".
+        what: &'static str,
+        /// How many it takes.
+        expected: usize,
+        /// How many it got.
+        actual: usize,
+    },
+    /// A backward returned a gradient whose shape differs from its input's.
+    #[error("{op}: the gradient of input {input} has shape {actual:?}, the input {expected:?}")]
+    GradientShape {
+        /// The op.
+        op: String,
+        /// Which input.
+        input: usize,
+        /// The input's shape.
+        expected: Vec<usize>,
+        /// The gradient's shape.
+        actual: Vec<usize>,
+    },
+    /// `Tape::backward` needs a one-element loss.
+    #[error("backward needs a scalar loss, got shape {shape:?}; use Tape::backward_with to pass the output's gradient")]
+    NonScalarLoss {
+        /// The output's shape.
+        shape: Vec<usize>,
+    },
+    /// The variable does not require gradients (it is a constant, or was made under `no_grad`).
+    #[error("{what}: the variable does not require gradients (a constant, or computed under no_grad)")]
+    RequiresGrad {
+        /// What was attempted.
+        what: &'static str,
+    },
+    /// The variable was recorded on another tape.
+    #[error("{op}: variables from different tapes cannot be combined")]
+    TapeMismatch {
+        /// The op.
+        op: String,
+    },
+    /// An earlier backward already consumed the graph that produced this output.
+    #[error("backward: the graph of this output was consumed by an earlier backward; run the forward pass again")]
+    GraphConsumed,
+    /// gradcheck found an element whose gradients disagree.
+    #[error(
+        "gradcheck ({check}): input {input}, element {index}: analytic {analytic:e}, reference {reference:e}, \
+         |difference| {difference:e} > tolerance {tolerance:e}"
+    )]
+    GradcheckFailed {
+        /// Which comparison ("finite differences" or "cuda vs cpu").
+        check: &'static str,
+        /// Which input.
+        input: usize,
+        /// The flat index of the element.
+        index: usize,
+        /// The gradient being checked.
+        analytic: f64,
+        /// The reference it was compared with.
+        reference: f64,
+        /// Their absolute difference.
+        difference: f64,
+        /// The tolerance it exceeded.
+        tolerance: f64,
+    },
+}

@@ -1,0 +1,37 @@
+//! opsmith's autograd: a tape that records ops (fused ones included) and runs their backward
+//! on the CPU or on CUDA, custom ops with a backward you write, and gradient checks.
+//!
+//! * [`Tape`] and [`Var`]: variables that require gradients, recorded nodes, [`Tape::backward`].
+//! * [`ops`]: differentiable ops: `add`, `sub`, `mul`, `neg`, `scale`, `add_scalar`, `sum`,
+//!   `mean`, `fused_mul_add`, `add_mul` (one fused backward kernel), `add_row` (a bias row).
+//! * [`CustomOp`] and [`custom`]: your own forward and backward, per device.
+//! * [`gradcheck()`] and [`compare_devices`]: finite differences in f64, and CUDA against CPU.
+//! * [`no_grad`]: inference without recording.
+//!
+//! ```
+//! # fn main() -> opsmith_autograd::Result<()> {
+//! use opsmith_autograd::{Tape, ops};
+//! use opsmith_host::{Device, Tensor};
+//! let device = Device::cuda_if_available();
+//! let tape = Tape::new();
+//! let a = tape.var(Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], device)?);
+//! let b = tape.var(Tensor::from_vec(vec![4.0f32, 5.0, 6.0], [3], device)?);
+//! let c = tape.var(Tensor::from_vec(vec![0.5f32; 3], [3], device)?);
+//! let loss = ops::mean(&ops::fused_mul_add(&a, &b, &c)?)?;
+//! let grads = tape.backward(&loss)?;
+//! let ga = grads.get(&a).unwrap().to_vec::<f32>()?; // b / 3
+//! assert!((ga[0] - 4.0 / 3.0).abs() < 1e-6);
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod custom;
+mod error;
+pub mod gradcheck;
+pub mod ops;
+mod tape;
+
+pub use custom::{CustomOp, custom};
+pub use error::{Error, Result};
+pub use gradcheck::{GradcheckOptions, GradcheckReport, compare_devices, gradcheck};
+pub use tape::{Gradients, NoGradGuard, Tape, Var, VarId, is_grad_enabled, no_grad};

@@ -1,0 +1,259 @@
+//! Test bodies shared by the CPU suite (`cpu.rs`) and the GPU suite (`gpu.rs`).
+#![allow(dead_code)]
+
+use opsmith_autograd::{CustomOp, Error, GradcheckOptions, Result, Tape, Var, custom, gradcheck, ops};
+use opsmith_host::{DType, Device, Element, Tensor, bf16, f16};
+use std::sync::Arc;
+
+/// Deterministic values in ±[0.25, 2), away from zero so that no op sits on a kink.
+pub fn values(n: usize, seed: u64) -> Vec<f64> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let unit = (state >> 11) as f64 / (1u64 << 53) as f64;
+            let v = ((0.25 + 1.75 * unit) * 256.0).round() / 256.0; // exact in every dtype
+            if state & 1 == 0 { v } else { -v }
+        })
+        .collect()
+}
+
+pub fn tensor(v: &[f64], shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+    fn typed<T: Element>(v: &[f64], shape: &[usize], device: Device) -> Result<Tensor> {
+        Ok(Tensor::from_vec(v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>(), shape.to_vec(), device)?)
+    }
+    match dtype {
+        DType::F32 => typed::<f32>(v, shape, device),
+        DType::F64 => typed::<f64>(v, shape, device),
+        DType::F16 => typed::<f16>(v, shape, device),
+        DType::BF16 => typed::<bf16>(v, shape, device),
+    }
+}
+
+pub fn inputs(shapes: &[&[usize]], dtype: DType, device: Device, seed: u64) -> Result<Vec<Tensor>> {
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(k, s)| tensor(&values(s.iter().product(), seed + k as u64), s, dtype, device))
+        .collect()
+}
+
+type Case = (&'static str, Vec<&'static [usize]>, fn(&[Var]) -> Result<Var>);
+
+/// One case per differentiable op (and a few compositions), with its input shapes.
+pub fn cases() -> Vec<Case> {
+    vec![
+        ("add", vec![&[2, 3], &[2, 3]], |v| ops::add(&v[0], &v[1])),
+        ("sub", vec![&[2, 3], &[2, 3]], |v| ops::sub(&v[0], &v[1])),
+        ("mul", vec![&[2, 3], &[2, 3]], |v| ops::mul(&v[0], &v[1])),
+        ("neg", vec![&[5]], |v| ops::neg(&v[0])),
+        ("scale", vec![&[5]], |v| ops::scale(&v[0], -2.5)),
+        ("add_scalar", vec![&[5]], |v| ops::add_scalar(&v[0], 0.75)),
+        ("sum", vec![&[3, 4]], |v| ops::sum(&v[0])),
+        ("mean", vec![&[3, 4]], |v| ops::mean(&v[0])),
+        ("fused_mul_add", vec![&[7], &[7], &[7]], |v| ops::fused_mul_add(&v[0], &v[1], &v[2])),
+        ("add_mul", vec![&[9], &[9], &[9]], |v| ops::add_mul(&v[0], &v[1], &v[2])),
+        ("add_row", vec![&[3, 4], &[4]], |v| ops::add_row(&v[0], &v[1])),
+        // A variable used several times: its gradients accumulate.
+        ("x*x + x", vec![&[6]], |v| ops::add(&ops::mul(&v[0], &v[0])?, &v[0])),
+        ("mean((x+y)*w * x)", vec![&[8], &[8], &[8]], |v| {
+            ops::mean(&ops::mul(&ops::add_mul(&v[0], &v[1], &v[2])?, &v[0])?)
+        }),
+        ("affine layer", vec![&[4, 3], &[3], &[4, 3]], |v| ops::sum(&ops::mul(&ops::add_row(&v[0], &v[1])?, &v[2])?)),
+    ]
+}
+
+/// gradcheck every case with inputs of `dtype` on `device`.
+pub fn gradcheck_every_op(device: Device, dtype: DType) -> Result<()> {
+    for (seed, (name, shapes, f)) in cases().into_iter().enumerate() {
+        let ins = inputs(&shapes, dtype, device, 100 * seed as u64)?;
+        let report = gradcheck(f, &ins, &GradcheckOptions::for_dtype(dtype))
+            .unwrap_or_else(|e| panic!("{name} {dtype} on {device}: {e}"));
+        let expected: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
+        assert_eq!(report.checked, expected, "{name}: every element checked");
+    }
+    Ok(())
+}
+
+/// add_mul with only some inputs requiring gradients: the others get none, the rest are right.
+pub fn add_mul_partial_grads(device: Device) -> Result<()> {
+    let [x, y, w] = [1, 2, 3].map(|s| tensor(&values(5, s), &[5], DType::F32, device));
+    let (x, y, w) = (x?, y?, w?);
+    let xs = x.to_vec::<f32>()?;
+    let ys = y.to_vec::<f32>()?;
+    let ws = w.to_vec::<f32>()?;
+    for (need_x, need_w) in [(true, false), (false, true), (true, true)] {
+        let tape = Tape::new();
+        let v = |t: &Tensor, need: bool| if need { tape.var(t.clone()) } else { Var::constant(t.clone()) };
+        let (xv, yv, wv) = (v(&x, need_x), Var::constant(y.clone()), v(&w, need_w));
+        let grads = tape.backward(&ops::sum(&ops::add_mul(&xv, &yv, &wv)?)?)?;
+        assert!(grads.get(&yv).is_none());
+        assert_eq!(grads.get(&xv).is_some(), need_x);
+        assert_eq!(grads.get(&wv).is_some(), need_w);
+        if need_x {
+            assert_eq!(grads.get(&xv).unwrap().to_vec::<f32>()?, ws);
+        }
+        if need_w {
+            let expected: Vec<f32> = xs.iter().zip(&ys).map(|(a, b)| a + b).collect();
+            assert_eq!(grads.get(&wv).unwrap().to_vec::<f32>()?, expected);
+        }
+    }
+    Ok(())
+}
+
+/// Modifying a saved input in place before backward is an error naming the op.
+pub fn saved_tensor_modified(device: Device) -> Result<()> {
+    let tape = Tape::new();
+    let ins = inputs(&[&[4], &[4], &[4]], DType::F32, device, 9)?;
+    let (x, y, w) = (tape.var(ins[0].clone()), tape.var(ins[1].clone()), tape.var(ins[2].clone()));
+    let loss = ops::sum(&ops::add_mul(&x, &y, &w)?)?;
+    w.value().fill_(2.0)?; // in place, after the forward saved w
+    match tape.backward(&loss) {
+        Err(Error::SavedTensorModified { op, saved, now }) => {
+            assert_eq!(op, "add_mul");
+            assert!(now > saved);
+        }
+        other => panic!("expected SavedTensorModified, got {:?}", other.map(|g| g.len())),
+    }
+    Ok(())
+}
+
+/// The tape's own errors.
+pub fn tape_errors(device: Device) -> Result<()> {
+    let tape = Tape::new();
+    let x = tape.var(tensor(&values(4, 3), &[4], DType::F32, device)?);
+    let y = ops::mul(&x, &x)?;
+    assert!(matches!(tape.backward(&y), Err(Error::NonScalarLoss { .. })));
+    let loss = ops::sum(&y)?;
+    tape.backward(&loss)?;
+    assert!(matches!(tape.backward(&loss), Err(Error::GraphConsumed)), "backward twice");
+    let c = Var::constant(tensor(&[1.0], &[1], DType::F32, device)?);
+    assert!(matches!(tape.backward(&c), Err(Error::RequiresGrad { .. })));
+    let other = Tape::new();
+    let z = other.var(tensor(&values(4, 5), &[4], DType::F32, device)?);
+    assert!(matches!(ops::add(&x, &z), Err(Error::TapeMismatch { .. })));
+    // Host errors come through unchanged.
+    let bad = tape.var(tensor(&values(3, 1), &[3], DType::F32, device)?);
+    assert!(matches!(ops::add(&x, &bad), Err(Error::Host(opsmith_host::Error::ShapeMismatch { op: "add", .. }))));
+    Ok(())
+}
+
+/// Gradients of a variable used twice accumulate, and `backward_with` takes a given gradient.
+pub fn accumulation_and_backward_with(device: Device) -> Result<()> {
+    let tape = Tape::new();
+    let xs = values(6, 11);
+    let x = tape.var(tensor(&xs, &[6], DType::F32, device)?);
+    let y = ops::add(&ops::mul(&x, &x)?, &ops::scale(&x, 3.0)?)?; // x² + 3x
+    let g = tensor(&[1.0, 2.0, 0.5, -1.0, 0.25, 4.0], &[6], DType::F32, device)?;
+    let grads = tape.backward_with(&y, g)?;
+    let got = grads.get(&x).unwrap().to_vec::<f32>()?;
+    let gs = [1.0, 2.0, 0.5, -1.0, 0.25, 4.0];
+    for i in 0..6 {
+        let expected = gs[i] * (2.0 * xs[i] + 3.0);
+        assert!((got[i] as f64 - expected).abs() <= 1e-5 * expected.abs().max(1.0), "{i}: {} vs {expected}", got[i]);
+    }
+    Ok(())
+}
+
+/// `x³` with a CPU forward and backward only.
+pub struct Cube;
+
+impl CustomOp for Cube {
+    fn name(&self) -> &str {
+        "cube"
+    }
+    fn num_inputs(&self) -> usize {
+        1
+    }
+    fn cpu_forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        let x = inputs[0];
+        Ok(opsmith_host::ops::mul(&opsmith_host::ops::mul(x, x)?, x)?)
+    }
+    fn cpu_backward(&self, inputs: &[&Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        let x = inputs[0];
+        let three_x2 = opsmith_host::ops::scale(&opsmith_host::ops::mul(x, x)?, 3.0)?;
+        Ok(vec![Some(opsmith_host::ops::mul(grad, &three_x2)?)])
+    }
+}
+
+/// A custom op whose backward returns the wrong number or shape of gradients.
+pub struct Broken {
+    pub wrong_count: bool,
+}
+
+impl CustomOp for Broken {
+    fn name(&self) -> &str {
+        "broken"
+    }
+    fn num_inputs(&self) -> usize {
+        1
+    }
+    fn cpu_forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        Ok(inputs[0].copy()?)
+    }
+    fn cpu_backward(&self, _inputs: &[&Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        if self.wrong_count {
+            Ok(vec![Some(grad.clone()), None])
+        } else {
+            Ok(vec![Some(grad.reshape([grad.elem_count(), 1])?)])
+        }
+    }
+}
+
+/// Custom ops on the CPU: gradcheck, arity and malformed backward results.
+pub fn custom_ops_on_cpu() -> Result<()> {
+    let cube: Arc<dyn CustomOp> = Arc::new(Cube);
+    let ins = inputs(&[&[7]], DType::F64, Device::Cpu, 4)?;
+    gradcheck(|v| custom(&cube, &[&v[0]]), &ins, &GradcheckOptions::for_dtype(DType::F64))?;
+    let tape = Tape::new();
+    let x = tape.var(ins[0].clone());
+    assert!(matches!(custom(&cube, &[&x, &x]), Err(Error::Arity { expected: 1, actual: 2, what: "inputs", .. })));
+    for wrong_count in [true, false] {
+        let broken: Arc<dyn CustomOp> = Arc::new(Broken { wrong_count });
+        let tape = Tape::new();
+        let x = tape.var(ins[0].clone());
+        let err = tape.backward(&ops::sum(&custom(&broken, &[&x])?)?).unwrap_err();
+        if wrong_count {
+            assert!(matches!(err, Error::Arity { what: "gradients", expected: 1, actual: 2, .. }), "{err}");
+        } else {
+            assert!(matches!(err, Error::GradientShape { input: 0, .. }), "{err}");
+        }
+    }
+    Ok(())
+}
+
+#[macro_export]
+macro_rules! shared_cases {
+    ($device:expr) => {
+        #[test]
+        fn add_mul_partial_grads() -> opsmith_autograd::Result<()> {
+            common::add_mul_partial_grads($device)
+        }
+        #[test]
+        fn saved_tensor_modified() -> opsmith_autograd::Result<()> {
+            common::saved_tensor_modified($device)
+        }
+        #[test]
+        fn tape_errors() -> opsmith_autograd::Result<()> {
+            common::tape_errors($device)
+        }
+        #[test]
+        fn accumulation_and_backward_with() -> opsmith_autograd::Result<()> {
+            common::accumulation_and_backward_with($device)
+        }
+        #[test]
+        fn gradcheck_every_op_f32() -> opsmith_autograd::Result<()> {
+            common::gradcheck_every_op($device, opsmith_host::DType::F32)
+        }
+        #[test]
+        fn gradcheck_every_op_bf16() -> opsmith_autograd::Result<()> {
+            common::gradcheck_every_op($device, opsmith_host::DType::BF16)
+        }
+        #[test]
+        fn gradcheck_every_op_f16() -> opsmith_autograd::Result<()> {
+            common::gradcheck_every_op($device, opsmith_host::DType::F16)
+        }
+    };
+}

@@ -1,0 +1,79 @@
+//! The GPU autograd suite (`--features gpu-tests`; needs a CUDA device).
+mod common;
+
+use common::{Cube, cases, inputs};
+use opsmith_autograd::{CustomOp, Error, GradcheckOptions, Result, Tape, compare_devices, custom, ops};
+use opsmith_host::{DType, Device, Tensor};
+use std::sync::Arc;
+
+const GPU: Device = Device::Cuda(0);
+
+shared_cases!(GPU);
+
+/// Every case's CUDA gradients against its CPU gradients, same inputs and dtype.
+#[test]
+fn cuda_gradients_match_cpu() -> Result<()> {
+    for (seed, (name, shapes, f)) in cases().into_iter().enumerate() {
+        for dtype in [DType::F32, DType::BF16] {
+            let ins = inputs(&shapes, dtype, Device::Cpu, 7 + seed as u64)?;
+            let options = GradcheckOptions {
+                atol: dtype.unit_roundoff() * 8.0,
+                rtol: dtype.unit_roundoff() * 8.0,
+                ..GradcheckOptions::for_dtype(dtype)
+            };
+            compare_devices(f, &ins, GPU, &options).unwrap_or_else(|e| panic!("{name} {dtype}: {e}"));
+        }
+    }
+    Ok(())
+}
+
+/// Gradients of CUDA inputs are CUDA tensors: backward never moved them to the host.
+#[test]
+fn backward_stays_on_the_device() -> Result<()> {
+    let tape = Tape::new();
+    let ins = inputs(&[&[64, 32], &[32], &[64, 32]], DType::F32, GPU, 3)?;
+    let (x, b, w) = (tape.var(ins[0].clone()), tape.var(ins[1].clone()), tape.var(ins[2].clone()));
+    let loss = ops::mean(&ops::add_mul(&ops::add_row(&x, &b)?, &w, &w)?)?;
+    let grads = tape.backward(&loss)?;
+    for v in [&x, &b, &w] {
+        assert_eq!(grads.get(v).unwrap().device(), GPU);
+    }
+    Ok(())
+}
+
+/// A custom op without CUDA halves says so, at forward or at backward.
+#[test]
+fn missing_cuda_halves_are_errors() -> Result<()> {
+    struct ForwardOnly;
+    impl CustomOp for ForwardOnly {
+        fn name(&self) -> &str {
+            "forward_only"
+        }
+        fn num_inputs(&self) -> usize {
+            1
+        }
+        fn cpu_forward(&self, i: &[&Tensor]) -> Result<Tensor> {
+            Ok(i[0].copy()?)
+        }
+        fn cpu_backward(&self, _: &[&Tensor], _: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+            Ok(vec![Some(g.clone())])
+        }
+        fn cuda_forward(&self, i: &[&Tensor]) -> Result<Tensor> {
+            Ok(i[0].copy()?)
+        }
+    }
+    let x = Tensor::full(2.0, [8], DType::F32, GPU)?;
+    let tape = Tape::new();
+    let cube: Arc<dyn CustomOp> = Arc::new(Cube);
+    match custom(&cube, &[&tape.var(x.clone())]) {
+        Err(Error::MissingCudaImpl { op, stage: "forward" }) => assert_eq!(op, "cube"),
+        other => panic!("expected MissingCudaImpl forward, got {other:?}"),
+    }
+    let fwd: Arc<dyn CustomOp> = Arc::new(ForwardOnly);
+    let y = custom(&fwd, &[&tape.var(x)])?;
+    match tape.backward(&ops::sum(&y)?) {
+        Err(Error::MissingCudaImpl { op, stage: "backward" }) => assert_eq!(op, "forward_only"),
+        other => panic!("expected MissingCudaImpl backward, got {:?}", other.map(|g| g.len())),
+    }
+    Ok(())
+}
