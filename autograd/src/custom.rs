@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// CUDA halves default to [`Error::MissingCudaImpl`]. Kernels for them can be Rust kernels in
 /// your own kernel crate, built with `opsmith-ptx-builder` from your `build.rs`, or any PTX,
 /// loaded with `opsmith_host::cuda::KernelModule::from_ptx`; `examples/custom-op` does the
-/// former. For [`crate::gradcheck`], the CPU forward must also accept f64 tensors.
+/// former. For [`crate::gradcheck()`], the CPU forward must also accept f64 tensors.
 pub trait CustomOp: Send + Sync + 'static {
     /// The op's name, for errors.
     fn name(&self) -> &str;
