@@ -19,8 +19,8 @@ for line in sys.stdin:
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
         package = m["package_id"].split("#")[-1].split("@")[0].removeprefix("opsmith-")
-        kind = m["target"]["kind"][0]
-        name = m["target"]["name"] if kind == "example" else f"test-{package}-{m['target']['name']}"
+        target = m["target"]["name"]
+        name = "test-" + package + "-" + target if m["profile"]["test"] else target
         print(name, m["executable"])'
 }
 
