@@ -34,6 +34,27 @@ impl PartialEq for CudaDevice {
 
 static REGISTRY: Mutex<Vec<Option<CudaDevice>>> = Mutex::new(Vec::new());
 
+/// Makes the device's stream-ordered memory pool keep freed memory for reuse instead of handing
+/// it back to the driver at every synchronization (its default threshold is 0). Without this,
+/// a tensor allocated after a synchronize maps fresh pages, which costs more than the kernels of
+/// a training step; with it, the pool behaves like PyTorch's caching allocator.
+fn keep_pool_memory(ctx: &CudaContext) -> std::result::Result<(), cudarc::driver::DriverError> {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the out-pointer is valid and the device handle comes from a live context.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }.result()?;
+    let mut threshold = u64::MAX;
+    // SAFETY: RELEASE_THRESHOLD takes a pointer to a u64 (cuuint64_t), valid for the call.
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut threshold as *mut u64 as *mut std::ffi::c_void,
+        )
+    }
+    .result()
+}
+
 impl CudaDevice {
     /// The shared state of `cuda:<ordinal>`, created on first use.
     ///
@@ -63,6 +84,9 @@ impl CudaDevice {
         // A non-blocking stream of our own rather than the legacy NULL stream, which would
         // serialise with every other stream in the process.
         let default_stream = ctx.new_stream().map_err(driver("creating the default stream"))?;
+        if ctx.has_async_alloc() {
+            keep_pool_memory(&ctx).map_err(driver("configuring the memory pool"))?;
+        }
         let attr = |a| ctx.attribute(a).map(|v| v.max(1) as u32).map_err(driver("reading device attributes"));
         let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let max_threads_per_sm = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?;
