@@ -152,7 +152,7 @@ fn main() -> Result<()> {
                 })?;
                 let module = KernelModule::from_ptx(&device, path, &text)?;
                 let kernel = module.kernel(opsmith::kernels::names::F32.fused_mul_add)?;
-                let cfg = LaunchConfig::grid_stride(&dev, kernel.name(), (n as u64).div_ceil(4), DEFAULT_BLOCK)?;
+                let cfg = LaunchConfig::grid_stride(&kernel, (n as u64).div_ceil(4), DEFAULT_BLOCK)?;
                 let stream = dev.current_stream();
                 let ms = time_ms(&dev, || {
                     let args = [

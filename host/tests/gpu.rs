@@ -73,11 +73,14 @@ fn views_at_odd_offsets_are_unaligned() -> Result<()> {
 #[test]
 fn grid_is_sized_for_the_device() -> Result<()> {
     let dev = CudaDevice::get(0)?;
-    let small = LaunchConfig::grid_stride(&dev, "k", 1000, 256)?;
+    let kernel = dev.kernels()?.kernel(opsmith_kernels::names::F32.add)?;
+    let small = LaunchConfig::grid_stride(&kernel, 1000, 256)?;
     assert_eq!(small.grid, 4);
-    let huge = LaunchConfig::grid_stride(&dev, "k", 1 << 40, 256)?;
-    assert_eq!(huge.grid, dev.sm_count() * (dev.max_threads_per_sm() / 256));
-    assert!(matches!(LaunchConfig::grid_stride(&dev, "k", 10, 48), Err(Error::InvalidBlockSize { block: 48, .. })));
+    let per_sm = kernel.max_active_blocks_per_sm(256)?;
+    assert!((1..=dev.max_threads_per_sm() / 256).contains(&per_sm));
+    let huge = LaunchConfig::grid_stride(&kernel, 1 << 40, 256)?;
+    assert_eq!(huge.grid, dev.sm_count() * per_sm, "one full wave");
+    assert!(matches!(LaunchConfig::grid_stride(&kernel, 10, 48), Err(Error::InvalidBlockSize { block: 48, .. })));
     Ok(())
 }
 

@@ -96,7 +96,7 @@ impl Filter3x3 {
         }
         let kernel = module.kernel(kernel)?;
         let device = CudaDevice::get(ordinal)?;
-        let cfg = LaunchConfig::grid_stride(&device, kernel.name(), (h * w) as u64, DEFAULT_BLOCK)?;
+        let cfg = LaunchConfig::grid_stride(&kernel, (h * w) as u64, DEFAULT_BLOCK)?;
         let args = [
             KernelArg::Input(src),
             KernelArg::Input(&weights),

@@ -1,5 +1,5 @@
 //! Checked launch geometry and typed kernel arguments.
-use super::{CudaDevice, Kernel, Stream};
+use super::{Kernel, Stream};
 use crate::tensor::storage::with_cuda_ptrs;
 use crate::{Error, Result, Tensor};
 use std::ffi::c_void;
@@ -26,16 +26,20 @@ pub struct LaunchConfig {
 
 impl LaunchConfig {
     /// The configuration for a grid-stride kernel over `work_items` items (elements, or vector
-    /// packs): one item per thread while that fits on the device at full occupancy, and no more
-    /// blocks than the device keeps resident beyond that, since the kernel loops.
-    pub fn grid_stride(device: &CudaDevice, kernel: &str, work_items: u64, block: u32) -> Result<Self> {
-        check_block(kernel, block)?;
+    /// packs): one item per thread while that fits on the device, and never more blocks than
+    /// the device keeps resident at once for this kernel (from the driver's occupancy
+    /// calculation, which accounts for its registers), since the kernel loops over the rest.
+    /// A grid of exactly one wave leaves no partial second wave at the end.
+    pub fn grid_stride(kernel: &Kernel, work_items: u64, block: u32) -> Result<Self> {
+        check_block(kernel.name(), block)?;
         let needed = work_items.div_ceil(block as u64).max(1);
-        let resident_per_sm = (device.max_threads_per_sm() / block).max(1) as u64;
-        let resident = device.sm_count() as u64 * resident_per_sm;
-        let blocks = needed.min(resident);
-        let grid =
-            u32::try_from(blocks).map_err(|_| Error::InvalidGrid { kernel: kernel.into(), blocks, max: MAX_GRID_X })?;
+        let resident = kernel.device().sm_count() as u64 * kernel.max_active_blocks_per_sm(block)? as u64;
+        let blocks = needed.min(resident.max(1));
+        let grid = u32::try_from(blocks).map_err(|_| Error::InvalidGrid {
+            kernel: kernel.name().into(),
+            blocks,
+            max: MAX_GRID_X,
+        })?;
         Ok(Self { grid, block, shared_mem_bytes: 0 })
     }
 

@@ -27,7 +27,7 @@ pub const EMBEDDED_PTX_ARCH: &str = env!("OPSMITH_KERNELS_ARCH");
 /// let kernel = module.kernel("scale_f32")?;
 /// let x = Tensor::from_vec(vec![1.0f32; 1000], [1000], Device::Cuda(0))?;
 /// let y = Tensor::zeros([1000], opsmith_host::DType::F32, Device::Cuda(0))?;
-/// let cfg = LaunchConfig::grid_stride(kernel.device(), kernel.name(), 1000, 256)?;
+/// let cfg = LaunchConfig::grid_stride(&kernel, 1000, 256)?;
 /// // SAFETY: scale_f32(const float*, float*, float, unsigned long long) reads and writes 1000 elements.
 /// unsafe {
 ///     kernel.launch(&kernel.device().current_stream(), cfg,
@@ -132,7 +132,7 @@ impl KernelModule {
             sys::CUresult::CUDA_ERROR_NOT_FOUND => return Err(not_found()),
             other => return Err(self.handle.device.driver_error("cuModuleGetFunction", other.result().unwrap_err())),
         }
-        let kernel = Kernel { name: name.into(), func, module: self.handle.clone() };
+        let kernel = Kernel { name: name.into(), func, module: self.handle.clone(), occupancy: Default::default() };
         functions.insert(name.into(), kernel.clone());
         Ok(kernel)
     }
@@ -144,6 +144,8 @@ pub struct Kernel {
     name: Arc<str>,
     func: sys::CUfunction,
     module: Arc<ModuleHandle>,
+    /// (block size, resident blocks per multiprocessor), computed once per block size.
+    occupancy: Arc<Mutex<Vec<(u32, u32)>>>,
 }
 
 // SAFETY: a CUfunction is an immutable handle, valid while its module is loaded (the Arc keeps it).
@@ -166,6 +168,24 @@ impl Kernel {
     /// The device whose context the kernel is loaded in.
     pub fn device(&self) -> &CudaDevice {
         &self.module.device
+    }
+
+    /// How many blocks of `block` threads one multiprocessor keeps resident for this kernel
+    /// (the driver's occupancy calculation, from its registers and shared memory).
+    pub fn max_active_blocks_per_sm(&self, block: u32) -> Result<u32> {
+        let mut cache = self.occupancy.lock();
+        if let Some(&(_, blocks)) = cache.iter().find(|(b, _)| *b == block) {
+            return Ok(blocks);
+        }
+        self.device().bind()?;
+        let mut blocks = 0i32;
+        // SAFETY: the function belongs to the current context and the out-pointer is valid.
+        let status =
+            unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, self.func, block as i32, 0) };
+        status.result().map_err(|e| self.device().driver_error("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        let blocks = blocks.max(1) as u32;
+        cache.push((block, blocks));
+        Ok(blocks)
     }
 
     /// Launches the kernel on `stream` with `args` as its parameters, in order, through the

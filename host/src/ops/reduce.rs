@@ -22,9 +22,14 @@ fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
     }
 }
 
-/// Launches one of opsmith's own kernels through the checked path.
-fn launch(device: &CudaDevice, name: &str, cfg: LaunchConfig, args: &[KernelArg<'_>]) -> Result<()> {
+/// Launches one of opsmith's own kernels through the checked path, grid-stride over
+/// `work_items`, or as one warp when `work_items` is `None`.
+fn launch(device: &CudaDevice, name: &str, work_items: Option<u64>, args: &[KernelArg<'_>]) -> Result<()> {
     let kernel = device.kernels()?.kernel(name)?;
+    let cfg = match work_items {
+        Some(n) => LaunchConfig::grid_stride(&kernel, n, DEFAULT_BLOCK)?,
+        None => LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 },
+    };
     // SAFETY: each caller passes the arguments its kernel declares in `kernels-gpu/src/reduction.rs`,
     // with tensors checked to hold the element counts the kernel indexes.
     unsafe { kernel.launch(&device.current_stream(), cfg, args) }
@@ -52,21 +57,18 @@ fn reduce_all(op: &'static str, x: &Tensor, scale: f64) -> Result<Tensor> {
             let kernels = table(op, x)?;
             let device = cuda_device(x)?;
             let out = Tensor::empty(Shape::from(Vec::new()), x.dtype(), x.device())?;
-            let cfg = LaunchConfig::grid_stride(&device, kernels.sum_partials, n as u64, DEFAULT_BLOCK)?;
+            let partials_kernel = device.kernels()?.kernel(kernels.sum_partials)?;
+            let cfg = LaunchConfig::grid_stride(&partials_kernel, n as u64, DEFAULT_BLOCK)?;
             let warps = (cfg.grid * cfg.block / 32) as usize;
             let partials = Tensor::empty(Shape::from(warps), DType::F32, x.device())?;
-            let n64 = n as u64;
-            launch(
-                &device,
-                kernels.sum_partials,
-                cfg,
-                &[KernelArg::Input(x), KernelArg::Output(&partials), KernelArg::U64(n64)],
-            )?;
-            let one_warp = LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 };
+            let args = [KernelArg::Input(x), KernelArg::Output(&partials), KernelArg::U64(n as u64)];
+            // SAFETY: sum_partials(x, partials, n): x holds n elements, partials one f32 per warp
+            // of this exact configuration.
+            unsafe { partials_kernel.launch(&device.current_stream(), cfg, &args)? };
             launch(
                 &device,
                 kernels.sum_finish,
-                one_warp,
+                None,
                 &[
                     KernelArg::Input(&partials),
                     KernelArg::Output(&out),
@@ -142,11 +144,10 @@ pub fn expand_scalar(g: &Tensor, shape: impl Into<Shape>, scale: f64) -> Result<
             let out = Tensor::empty(shape, g.dtype(), g.device())?;
             let n = out.elem_count() as u64;
             if n > 0 {
-                let cfg = LaunchConfig::grid_stride(&device, kernels.broadcast_scalar, n, DEFAULT_BLOCK)?;
                 launch(
                     &device,
                     kernels.broadcast_scalar,
-                    cfg,
+                    Some(n),
                     &[KernelArg::Input(g), KernelArg::Output(&out), KernelArg::F32(scale as f32), KernelArg::U64(n)],
                 )?;
             }
@@ -200,11 +201,10 @@ pub fn add_row(x: &Tensor, b: &Tensor) -> Result<Tensor> {
             let out = Tensor::empty(x.shape().clone(), x.dtype(), x.device())?;
             let n = (rows * cols) as u64;
             if n > 0 {
-                let cfg = LaunchConfig::grid_stride(&device, kernels.add_row, n, DEFAULT_BLOCK)?;
                 launch(
                     &device,
                     kernels.add_row,
-                    cfg,
+                    Some(n),
                     &[
                         KernelArg::Input(x),
                         KernelArg::Input(b),
@@ -242,11 +242,10 @@ pub fn sum_rows(g: &Tensor) -> Result<Tensor> {
             let device = cuda_device(g)?;
             let out = Tensor::empty(Shape::from(cols), g.dtype(), g.device())?;
             if cols > 0 {
-                let cfg = LaunchConfig::grid_stride(&device, kernels.sum_rows, cols as u64, DEFAULT_BLOCK)?;
                 launch(
                     &device,
                     kernels.sum_rows,
-                    cfg,
+                    Some(cols as u64),
                     &[
                         KernelArg::Input(g),
                         KernelArg::Output(&out),
