@@ -143,5 +143,11 @@ fn benches(c: &mut Criterion) {
     }
 }
 
-criterion_group!(fused, benches);
+criterion_group! {
+    name = fused;
+    // 180 benchmarks in all: short windows keep a full run to a few minutes. Filter with
+    // `cargo bench --bench fused -- cuda/` (or `cpu/fused_mul_add/f32`) to run fewer.
+    config = Criterion::default().warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
+    targets = benches
+}
 criterion_main!(fused);

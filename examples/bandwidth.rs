@@ -2,9 +2,14 @@
 //! in one run: median of event-timed launches after warm-up, bytes each op must move, GB/s, and
 //! that as a share of the copy.
 //!
+//! It also measures host overhead at n = 1024 (wall time per op and per tape step, with the
+//! queue drained once at the end), writes every row to a CSV file, and plots GB/s against size,
+//! with the copy ceiling drawn, to an SVG file.
+//!
 //! ```text
-//! cargo run --release --example bandwidth                 # sizes 2^20 .. 2^28
-//! cargo run --release --example bandwidth -- --quick      # 2^20 and 2^24 only
+//! cargo run --release --example bandwidth                      # sizes 2^20 .. 2^28
+//! cargo run --release --example bandwidth -- --quick           # 2^20 and 2^24 only
+//! cargo run --release --example bandwidth -- --out DIR         # bandwidth.csv, bandwidth.svg in DIR
 //! cargo run --release --example bandwidth -- --ptx other.ptx   # also time fused_mul_add_f32 from other PTX
 //! ```
 use opsmith::autograd::{self, Tape};
@@ -91,7 +96,9 @@ fn main() -> Result<()> {
         dev.sm_count(),
         opsmith::cuda::EMBEDDED_PTX_ARCH
     );
-    let sizes: &[u32] = if quick { &[20, 24] } else { &[20, 24, 26, 28] };
+    let sizes: &[u32] = if quick { &[20, 24] } else { &[20, 22, 24, 26, 28] };
+    let out_dir = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).map(std::path::PathBuf::from);
+    let out_dir = out_dir.unwrap_or_else(|| ".".into());
 
     // The ceiling: a device-to-device copy of the largest size, counting bytes read plus written.
     let copy_log2 = *sizes.last().unwrap_or(&24);
@@ -104,8 +111,13 @@ fn main() -> Result<()> {
     println!("device-to-device copy, 2^{copy_log2} f32: {copy_ms:.3} ms, {copy_gbs:.0} GB/s (read + write)");
 
     let mut rows = Vec::new();
+    let mut copy_at = Vec::new();
     for &log2n in sizes {
         let n = 1usize << log2n;
+        let (src, dst) = (random(DType::F32, n, 2, device)?, Tensor::zeros([n], DType::F32, device)?);
+        let ms = time_ms(&dev, || dst.copy_from_(&src))?;
+        copy_at.push((log2n, 2.0 * (n * 4) as f64 / ms / 1e6));
+        drop((src, dst));
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let size = dtype.size_in_bytes() as f64;
             let t: Vec<Tensor> = (0..4).map(|k| random(dtype, n, 10 + k, device)).collect::<Result<_>>()?;
@@ -170,21 +182,130 @@ fn main() -> Result<()> {
         }
     }
 
-    println!("\n| op | dtype | n | median ms | bytes moved | GB/s | % of copy |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("\n| op | dtype | n | median ms | bytes moved | GB/s | % of copy | % of same-size copy |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut csv = String::from("op,dtype,log2n,median_ms,bytes,gb_per_s,share_of_copy,share_of_same_size_copy\n");
     for r in &rows {
         let gbs = r.bytes / r.ms / 1e6;
+        let same = copy_at.iter().find(|(l, _)| *l == r.log2n).map_or(f64::NAN, |(_, c)| gbs / c);
         println!(
-            "| {} | {} | 2^{} | {:.4} | {:.3e} | {:.0} | {:.1}% |",
+            "| {} | {} | 2^{} | {:.4} | {:.3e} | {:.0} | {:.1}% | {:.1}% |",
             r.what,
             r.dtype,
             r.log2n,
             r.ms,
             r.bytes,
             gbs,
-            100.0 * gbs / copy_gbs
+            100.0 * gbs / copy_gbs,
+            100.0 * same
         );
+        csv +=
+            &format!("{},{},{},{},{},{},{},{}\n", r.what, r.dtype, r.log2n, r.ms, r.bytes, gbs, gbs / copy_gbs, same);
     }
+    let csv_path = out_dir.join("bandwidth.csv");
+    std::fs::write(&csv_path, csv).map_err(|e| opsmith::Error::InvalidArgument {
+        op: "bandwidth",
+        reason: format!("{}: {e}", csv_path.display()),
+    })?;
+    let svg_path = out_dir.join("bandwidth.svg");
+    plot(&svg_path, &rows, copy_gbs, &dev.name()?).map_err(|e| opsmith::Error::InvalidArgument {
+        op: "bandwidth",
+        reason: format!("plotting {}: {e}", svg_path.display()),
+    })?;
+    println!("\nwrote {} and {}", csv_path.display(), svg_path.display());
+
+    small_tensor_overhead(&dev, device)?;
     println!("\ncopy ceiling: {copy_gbs:.0} GB/s ({WARMUP} warm-up runs, median of {REPS})");
+    Ok(())
+}
+
+/// GB/s against log2(n) for the fused ops, one line per op and dtype, with the copy ceiling.
+fn plot(
+    path: &std::path::Path,
+    rows: &[Row],
+    copy_gbs: f64,
+    gpu: &str,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (1100, 650)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (lo, hi) = rows.iter().fold((u32::MAX, 0), |(lo, hi), r| (lo.min(r.log2n), hi.max(r.log2n)));
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("opsmith elementwise ops on {gpu}: achieved bandwidth"), ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(lo as f64..hi as f64, 0f64..copy_gbs * 1.1)?;
+    chart.configure_mesh().x_desc("log2(elements)").y_desc("GB/s (bytes the op must move / median time)").draw()?;
+    chart
+        .draw_series(LineSeries::new([(lo as f64, copy_gbs), (hi as f64, copy_gbs)], BLACK.stroke_width(2)))?
+        .label(format!("device-to-device copy, {copy_gbs:.0} GB/s"))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+    let ops = ["fused_mul_add", "add_mul", "add_mul_backward", "tape add_mul fwd+bwd", "mul+add (unfused)"];
+    let dtypes = [DType::F32, DType::F16, DType::BF16];
+    for (i, op) in ops.iter().enumerate() {
+        for (j, dtype) in dtypes.iter().enumerate() {
+            let points: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| r.what == *op && r.dtype == *dtype)
+                .map(|r| (r.log2n as f64, r.bytes / r.ms / 1e6))
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            let color = Palette99::pick(i * 3 + j).to_rgba();
+            let style = if j == 0 { color.stroke_width(2) } else { color.stroke_width(1) };
+            chart
+                .draw_series(LineSeries::new(points.clone(), style))?
+                .label(format!("{op} {dtype}"))
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
+            chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// Host time per op and per tape step at n = 1024, where launch and bookkeeping dominate:
+/// `ITER` calls back to back, one synchronize at the end, wall time divided by `ITER`.
+fn small_tensor_overhead(dev: &CudaDevice, device: Device) -> Result<()> {
+    const ITER: u32 = 2000;
+    let n = 1024;
+    let t: Vec<Tensor> = (0..4).map(|k| random(DType::F32, n, 40 + k, device)).collect::<Result<_>>()?;
+    let out = Tensor::zeros([n], DType::F32, device)?;
+    let per_call_us = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        for _ in 0..50 {
+            f()?;
+        }
+        dev.synchronize()?;
+        let start = std::time::Instant::now();
+        for _ in 0..ITER {
+            f()?;
+        }
+        dev.synchronize()?;
+        Ok(start.elapsed().as_secs_f64() * 1e6 / ITER as f64)
+    };
+    let into = per_call_us(&mut || ops::fused_mul_add_into(&t[0], &t[1], &t[2], &out))?;
+    let alloc = per_call_us(&mut || ops::fused_mul_add(&t[0], &t[1], &t[2]).map(drop))?;
+    let step = per_call_us(&mut || {
+        let tape = Tape::new();
+        let (x, y, w) = (tape.var(t[0].clone()), tape.var(t[1].clone()), tape.var(t[2].clone()));
+        let z = autograd::ops::add_mul(&x, &y, &w).map_err(into_host)?;
+        let loss = autograd::ops::sum(&z).map_err(into_host)?;
+        tape.backward(&loss).map_err(into_host)?;
+        Ok(())
+    })?;
+    println!("\nhost overhead at n = 1024, f32 (wall time per call, {ITER} calls, one synchronize):");
+    println!("| what | µs per call |");
+    println!("|---|---|");
+    println!("| fused_mul_add_into (output given) | {into:.2} |");
+    println!("| fused_mul_add (allocates its output) | {alloc:.2} |");
+    println!("| tape step: add_mul, sum, backward (5 launches) | {step:.2} |");
     Ok(())
 }

@@ -20,7 +20,12 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
         package = m["package_id"].split("#")[-1].split("@")[0].removeprefix("opsmith-")
         target = m["target"]["name"]
-        name = "test-" + package + "-" + target if m["profile"]["test"] else target
+        if m["target"]["kind"][0] == "bench":
+            name = "bench-" + target
+        elif m["profile"]["test"]:
+            name = "test-" + package + "-" + target
+        else:
+            name = target
         print(name, m["executable"])'
 }
 
@@ -31,6 +36,10 @@ cargo test --release -p opsmith-host -p opsmith-autograd -p opsmith-example-cust
 echo "building examples" >&2
 cargo build --release --examples -p opsmith -p opsmith-example-custom-op --bins --message-format=json \
   | executables | while read -r name path; do cp "$path" "$out/bin/$name"; done
+echo "building the criterion benches" >&2
+cargo bench --no-run -p opsmith --message-format=json \
+  | executables | while read -r name path; do cp "$path" "$out/bin/$name"; done
+cp benches/torch_compare.py "$out/"
 echo "building the kernels for sm_90 too" >&2
 cargo run --release -q -p opsmith-ptx-builder -- kernels-gpu --arch sm_90 --out target/ptx-sm_90 >&2
 mkdir -p "$out/ptx"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs a bundle made by scripts/gpu-bundle.sh on a GPU machine, and prints a summary table last.
 #   run.sh [test|sanitize|bench|all]     (default: all)
+# bench needs python3 with PyTorch for the side-by-side comparison.
 # Logs go to $LOG_DIR (default: ./logs).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,8 +44,11 @@ if [[ $what == sanitize || $what == all ]]; then
   done
 fi
 if [[ $what == bench || $what == all ]]; then
-  run bandwidth "$here/bin/bandwidth" --ptx "$(ls "$here"/ptx/*.ptx | head -1)"
-  grep -E "^\|" "$logs/bandwidth.log" || true
+  run bandwidth "$here/bin/bandwidth" --out "$logs" --ptx "$(ls "$here"/ptx/*.ptx | head -1)"
+  run torch-compare python3 "$here/torch_compare.py"
+  # The CUDA groups of `cargo bench` (criterion); the CPU groups are better run where you build.
+  run criterion "$here/bin/bench-fused" --bench cuda/
+  grep -E "^\|" "$logs/bandwidth.log" "$logs/torch-compare.log" || true
 fi
 
 echo
