@@ -30,10 +30,15 @@ pub fn device_count() -> Result<usize> {
     if !driver_available() {
         return Err(Error::NoCudaDriver);
     }
-    cudarc::driver::result::init()
-        .and_then(|_| cudarc::driver::CudaContext::device_count())
-        .map(|n| n.max(0) as usize)
-        .map_err(|source| Error::Driver { call: "cuDeviceGetCount", device: crate::Device::Cuda(0), source })
+    // Asked once: every op resolves its device through this, and the count cannot change
+    // while the process runs.
+    static COUNT: OnceLock<std::result::Result<usize, cudarc::driver::DriverError>> = OnceLock::new();
+    let count = COUNT.get_or_init(|| {
+        cudarc::driver::result::init()
+            .and_then(|_| cudarc::driver::CudaContext::device_count())
+            .map(|n| n.max(0) as usize)
+    });
+    count.map_err(|source| Error::Driver { call: "cuDeviceGetCount", device: crate::Device::Cuda(0), source })
 }
 
 /// The CUDA driver's version as (major, minor), e.g. (13, 0).
