@@ -9,6 +9,7 @@
 //! ```text
 //! cargo run --release --example bandwidth                      # sizes 2^20 .. 2^28
 //! cargo run --release --example bandwidth -- --quick           # 2^20 and 2^24 only
+//! cargo run --release --example bandwidth -- --log2 28         # one size (for a profiler)
 //! cargo run --release --example bandwidth -- --out DIR         # bandwidth.csv, bandwidth.svg in DIR
 //! cargo run --release --example bandwidth -- --ptx other.ptx   # also time fused_mul_add_f32 from other PTX
 //! ```
@@ -96,12 +97,19 @@ fn main() -> Result<()> {
         dev.sm_count(),
         opsmith::cuda::EMBEDDED_PTX_ARCH
     );
-    let sizes: &[u32] = if quick { &[20, 24] } else { &[20, 22, 24, 26, 28] };
+    // `--log2 N` measures one size only (for profilers).
+    let only: Option<u32> =
+        args.iter().position(|a| a == "--log2").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok());
+    let sizes: Vec<u32> = match only {
+        Some(n) => vec![n],
+        None if quick => vec![20, 24],
+        None => vec![20, 22, 24, 26, 28],
+    };
     let out_dir = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).map(std::path::PathBuf::from);
     let out_dir = out_dir.unwrap_or_else(|| ".".into());
 
     // The ceiling: a device-to-device copy of the largest size, counting bytes read plus written.
-    let copy_log2 = *sizes.last().unwrap_or(&24);
+    let copy_log2 = sizes.last().copied().unwrap_or(24);
     let n = 1usize << copy_log2;
     let src = random(DType::F32, n, 1, device)?;
     let dst = Tensor::zeros([n], DType::F32, device)?;
@@ -112,7 +120,7 @@ fn main() -> Result<()> {
 
     let mut rows = Vec::new();
     let mut copy_at = Vec::new();
-    for &log2n in sizes {
+    for &log2n in &sizes {
         let n = 1usize << log2n;
         let (src, dst) = (random(DType::F32, n, 2, device)?, Tensor::zeros([n], DType::F32, device)?);
         let ms = time_ms(&dev, || dst.copy_from_(&src))?;
