@@ -106,6 +106,19 @@ impl Tensor {
     pub fn full(value: f64, shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
         let shape = shape.into();
         let n = element_count("Tensor::full", &shape)?;
+        if let (Device::Cuda(ordinal), 0) = (device, value.to_bits()) {
+            // +0.0 is all-zero bits in every dtype: a memset on the device, no host buffer.
+            let stream = CudaDevice::get(ordinal)?.current_stream();
+            let t = Tensor::uninit_on(&stream, shape, dtype)?;
+            if let StorageData::Cuda { device, bytes } = &t.storage.data
+                && n > 0
+            {
+                let mut bytes = bytes.write();
+                device.bind()?;
+                stream.raw().memset_zeros(&mut *bytes).map_err(|e| device.driver_error("cuMemsetD8Async", e))?;
+            }
+            return Ok(t);
+        }
         with_element_type!(dtype, T => Tensor::from_vec(vec![T::from_f64(value); n], shape, device))
     }
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use opsmith_host::{DType, Device, Element, Error, Result, Tensor, ops};
+use proptest::prelude::*;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// The sizes every op is checked at: empty, below, at and above a 16-byte pack and a block, and
@@ -76,6 +77,20 @@ impl Op {
             DType::F64 => 0.0,
         };
         arith * scale + store * r.abs() * 1.01 + floor
+    }
+
+    /// The magnitude of the terms that make up output `k`, which bounds the rounding error
+    /// (relative to the result itself it is unbounded when terms cancel).
+    pub fn scale(self, k: usize, x: &[f64]) -> f64 {
+        match (self, k) {
+            (Op::Add | Op::Sub, _) => x[0].abs() + x[1].abs(),
+            (Op::Mul, _) => (x[0] * x[1]).abs(),
+            (Op::Affine, _) => (x[0] * ALPHA).abs() + BETA.abs(),
+            (Op::FusedMulAdd, _) => (x[0] * x[1]).abs() + x[2].abs(),
+            (Op::AddMul, _) => (x[0].abs() + x[1].abs()) * x[2].abs(),
+            (Op::AddMulBackward, 0) => (x[0] * x[3]).abs(),
+            (Op::AddMulBackward, _) => x[0].abs() * (x[1].abs() + x[2].abs()),
+        }
     }
 
     pub fn apply(self, ins: &[&Tensor], outs: &[&Tensor]) -> Result<()> {
@@ -207,16 +222,8 @@ pub fn check_op(device: Device, op: Op, dtype: DType, n: usize, offset: usize, s
     let got: Vec<Vec<f64>> = outputs.iter().map(values).collect::<Result<_>>()?;
     for i in 0..n {
         let x: Vec<f64> = inputs_f64.iter().map(|v| v[i]).collect();
-        let scale = match op {
-            Op::Add | Op::Sub => x[0].abs() + x[1].abs(),
-            Op::Mul => (x[0] * x[1]).abs(),
-            Op::Affine => (x[0] * ALPHA).abs() + BETA.abs(),
-            Op::FusedMulAdd => (x[0] * x[1]).abs() + x[2].abs(),
-            Op::AddMul => (x[0].abs() + x[1].abs()) * x[2].abs(),
-            Op::AddMulBackward => (x[0] * x[3]).abs().max(x[0].abs() * (x[1].abs() + x[2].abs())),
-        };
         for (k, r) in op.reference(&x).into_iter().enumerate() {
-            let tol = op.tolerance(dtype, r, scale);
+            let tol = op.tolerance(dtype, r, op.scale(k, &x));
             let g = got[k][i];
             assert!(
                 (g - r).abs() <= tol,
@@ -482,4 +489,116 @@ macro_rules! shared_cases {
             common::operand_errors($device)
         }
     };
+}
+
+/// What an op must produce for inputs that may be ±0, subnormal, ±inf or NaN: the f64
+/// reference rounded to the dtype; NaN where IEEE 754 says NaN, the same infinity where it
+/// says infinity, else within [`Op::tolerance`]. Overflow in the f32 arithmetic is allowed to
+/// give an infinity of the reference's sign when the reference is beyond the dtype's range.
+pub fn check_special(op: Op, dtype: DType, inputs: &[Vec<f64>], outputs: &[Vec<f64>], context: &str) {
+    let max = match dtype {
+        DType::F32 => f32::MAX as f64,
+        DType::F16 => 65504.0,
+        DType::BF16 => half::bf16::MAX.to_f64(),
+        DType::F64 => f64::MAX,
+    };
+    for i in 0..inputs.first().map_or(0, Vec::len) {
+        let x: Vec<f64> = inputs.iter().map(|v| v[i]).collect();
+        for (k, r) in op.reference(&x).into_iter().enumerate() {
+            let g = outputs[k][i];
+            let ok = if r.is_nan() {
+                g.is_nan()
+            } else if r.is_infinite() || r.abs() > max {
+                g == r
+                    || (g.is_infinite() && g.signum() == r.signum())
+                    || (g.abs() >= max * 0.99 && g.signum() == r.signum())
+            } else if g.is_nan() {
+                // f32 intermediates can overflow where the exact result is finite: inf - inf.
+                x.iter().any(|v| v.abs() > 1e30)
+            } else {
+                (g - r).abs() <= op.tolerance(dtype, r, op.scale(k, &x))
+            };
+            assert!(ok, "{context}: {op:?} {dtype} output {k}[{i}] = {g:e}, f64 reference {r:e}, inputs {x:?}");
+        }
+    }
+}
+
+/// A value for property tests: mostly ordinary numbers, with ±0, subnormals, ±inf and NaN mixed in.
+pub fn special_value(dtype: DType, kind: u8, magnitude: f64, negative: bool) -> f64 {
+    let tiny = match dtype {
+        DType::F16 => 2f64.powi(-20),
+        DType::BF16 => 2f64.powi(-130),
+        DType::F32 => 2f64.powi(-140),
+        DType::F64 => 2f64.powi(-1070),
+    };
+    let v = match kind % 20 {
+        0 => 0.0,
+        1 => tiny * (1.0 + magnitude.fract()),
+        2 => f64::INFINITY,
+        3 => f64::NAN,
+        _ => magnitude,
+    };
+    round_to(dtype, if negative { -v } else { v })
+}
+
+pub fn dtype_strategy() -> impl Strategy<Value = DType> {
+    prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16), Just(DType::F64)]
+}
+
+/// Lengths: anything up to 600, and primes around pack and block boundaries.
+pub fn length_strategy() -> impl Strategy<Value = usize> {
+    prop_oneof![0usize..600, prop::sample::select(vec![0usize, 1, 2, 3, 5, 7, 13, 31, 127, 257, 509, 1021, 4099])]
+}
+
+/// One op on random data at random offsets on `device`, checked against f64 with IEEE special
+/// values; returns the outputs (as f64) for cross-device comparison.
+pub fn run_case(
+    device: Device,
+    op: Op,
+    dtype: DType,
+    n: usize,
+    offset: usize,
+    seeds: &[(u8, f64, bool)],
+) -> Vec<Vec<f64>> {
+    let (n_in, n_out) = op.arity();
+    let inputs: Vec<Vec<f64>> = (0..n_in)
+        .map(|k| {
+            (0..n)
+                .map(|i| {
+                    let (kind, mag, neg) = seeds[(i * n_in + k) % seeds.len()];
+                    special_value(
+                        dtype,
+                        kind.wrapping_add((i * 7 + k) as u8),
+                        mag * (1.0 + (i % 13) as f64 * 0.37),
+                        neg ^ (i % 3 == 0),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let views: Vec<Tensor> = inputs
+        .iter()
+        .map(|v| {
+            let mut data = vec![1.0; offset];
+            data.extend_from_slice(v);
+            tensor(&data, dtype, device).and_then(|t| t.narrow(offset, n)).expect("input view")
+        })
+        .collect();
+    let outs: Vec<Tensor> = (0..n_out).map(|_| Tensor::full(-7.5, [n], dtype, device).expect("output")).collect();
+    let (ins, outs_ref): (Vec<&Tensor>, Vec<&Tensor>) = (views.iter().collect(), outs.iter().collect());
+    op.apply(&ins, &outs_ref).expect("op");
+    let got: Vec<Vec<f64>> = outs.iter().map(|t| values(t).expect("read back")).collect();
+    check_special(op, dtype, &inputs, &got, &format!("{device} n={n} offset={offset}"));
+    for (t, v) in views.iter().zip(&inputs) {
+        let after = values(t).expect("read back");
+        assert!(
+            after.iter().zip(v).all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())),
+            "an input changed"
+        );
+    }
+    got
+}
+
+pub fn seeds_strategy() -> impl Strategy<Value = Vec<(u8, f64, bool)>> {
+    prop::collection::vec((any::<u8>(), 2f64.powi(-8)..2f64.powi(8), any::<bool>()), 1..32)
 }
