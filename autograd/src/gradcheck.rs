@@ -2,7 +2,7 @@
 //! the CPU, and one device's gradients against another's.
 use crate::tape::{Tape, Var, no_grad};
 use crate::{Error, Result, ops};
-use opsmith_host::{DType, Device, Element, Tensor, bf16, f16};
+use opsmith_host::{DType, Device, Tensor};
 
 /// Tolerances and step of a gradient check. An element passes when
 /// `|analytic - reference| <= atol + rtol * |reference|`.
@@ -39,27 +39,11 @@ pub struct GradcheckReport {
 }
 
 fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
-    fn typed<T: Element>(t: &Tensor) -> Result<Vec<f64>> {
-        Ok(t.to_vec::<T>()?.into_iter().map(T::to_f64).collect())
-    }
-    match t.dtype() {
-        DType::F32 => typed::<f32>(t),
-        DType::F64 => typed::<f64>(t),
-        DType::F16 => typed::<f16>(t),
-        DType::BF16 => typed::<bf16>(t),
-    }
+    Ok(t.to_vec_f64()?)
 }
 
 fn tensor_from_f64(values: &[f64], like: &Tensor, dtype: DType, device: Device) -> Result<Tensor> {
-    fn typed<T: Element>(v: &[f64], like: &Tensor, device: Device) -> Result<Tensor> {
-        Ok(Tensor::from_vec(v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>(), like.shape().clone(), device)?)
-    }
-    match dtype {
-        DType::F32 => typed::<f32>(values, like, device),
-        DType::F64 => typed::<f64>(values, like, device),
-        DType::F16 => typed::<f16>(values, like, device),
-        DType::BF16 => typed::<bf16>(values, like, device),
-    }
+    Ok(Tensor::from_f64(values, like.shape().clone(), dtype, device)?)
 }
 
 /// Fixed pseudo-random weights in ±[0.5, 1.5): the check differentiates `sum(f(x) * r)`, so that

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use opsmith_autograd::{CustomOp, Error, GradcheckOptions, Result, Tape, Var, custom, gradcheck, ops};
-use opsmith_host::{DType, Device, Element, Tensor, bf16, f16};
+use opsmith_host::{DType, Device, Tensor};
 use std::sync::Arc;
 
 /// Deterministic values in ±[0.25, 2), away from zero so that no op sits on a kink.
@@ -21,15 +21,7 @@ pub fn values(n: usize, seed: u64) -> Vec<f64> {
 }
 
 pub fn tensor(v: &[f64], shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
-    fn typed<T: Element>(v: &[f64], shape: &[usize], device: Device) -> Result<Tensor> {
-        Ok(Tensor::from_vec(v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>(), shape.to_vec(), device)?)
-    }
-    match dtype {
-        DType::F32 => typed::<f32>(v, shape, device),
-        DType::F64 => typed::<f64>(v, shape, device),
-        DType::F16 => typed::<f16>(v, shape, device),
-        DType::BF16 => typed::<bf16>(v, shape, device),
-    }
+    Ok(Tensor::from_f64(v, shape.to_vec(), dtype, device)?)
 }
 
 pub fn inputs(shapes: &[&[usize]], dtype: DType, device: Device, seed: u64) -> Result<Vec<Tensor>> {

@@ -35,23 +35,13 @@ fn launch(device: &CudaDevice, name: &str, work_items: Option<u64>, args: &[Kern
     unsafe { kernel.launch(&device.current_stream(), cfg, args) }
 }
 
-/// The elements of a CPU tensor as f64 (exact for every dtype).
-fn host_values(t: &Tensor) -> Result<Vec<f64>> {
-    with_element_type!(t.dtype(), T => Ok(t.to_vec::<T>()?.into_iter().map(T::to_f64).collect()))
-}
-
-/// A CPU tensor from f64 values, rounded to `dtype`.
-fn from_host_values(values: Vec<f64>, shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
-    with_element_type!(dtype, T => Tensor::from_vec(values.into_iter().map(T::from_f64).collect::<Vec<T>>(), shape, Device::Cpu))
-}
-
 fn reduce_all(op: &'static str, x: &Tensor, scale: f64) -> Result<Tensor> {
     let n = x.elem_count();
     match x.device() {
         Device::Cpu => {
             // Accumulated in f64, then rounded once.
-            let total: f64 = host_values(x)?.iter().sum();
-            from_host_values(vec![total * scale], Shape::from(Vec::new()), x.dtype())
+            let total: f64 = x.to_vec_f64()?.iter().sum();
+            Tensor::from_f64(&[total * scale], Shape::from(Vec::new()), x.dtype(), Device::Cpu)
         }
         Device::Cuda(_) => {
             let kernels = table(op, x)?;
@@ -134,9 +124,9 @@ pub fn expand_scalar(g: &Tensor, shape: impl Into<Shape>, scale: f64) -> Result<
     }
     match g.device() {
         Device::Cpu => {
-            let value = host_values(g)?[0];
+            let value = g.to_vec_f64()?[0];
             let n = shape.checked_elem_count().unwrap_or(0);
-            from_host_values(vec![value * scale; n], shape, g.dtype())
+            Tensor::from_f64(&vec![value * scale; n], shape, g.dtype(), Device::Cpu)
         }
         Device::Cuda(_) => {
             let kernels = table("expand_scalar", g)?;
@@ -184,7 +174,7 @@ pub fn add_row(x: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
     match x.device() {
         Device::Cpu => {
-            let (xv, bv) = (host_values(x)?, host_values(b)?);
+            let (xv, bv) = (x.to_vec_f64()?, b.to_vec_f64()?);
             with_element_type!(x.dtype(), T => {
                 // Round through the arithmetic type, as the kernels do.
                 let out: Vec<T> = xv
@@ -233,9 +223,9 @@ pub fn sum_rows(g: &Tensor) -> Result<Tensor> {
     let (rows, cols) = matrix_dims("sum_rows", g)?;
     match g.device() {
         Device::Cpu => {
-            let gv = host_values(g)?;
+            let gv = g.to_vec_f64()?;
             let sums: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| gv[r * cols + c]).sum()).collect();
-            from_host_values(sums, [cols], g.dtype())
+            Tensor::from_f64(&sums, [cols], g.dtype(), Device::Cpu)
         }
         Device::Cuda(_) => {
             let kernels = table("sum_rows", g)?;

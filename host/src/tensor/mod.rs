@@ -87,6 +87,26 @@ impl Tensor {
         }
     }
 
+    /// A tensor of `dtype` holding `values` (rounded to nearest even), whatever the dtype: the
+    /// dtype-erased counterpart of [`Tensor::from_vec`], for references and tests.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let t = Tensor::from_f64(&[1.0, 2.5, -3.0], [3], DType::BF16, Device::Cpu)?;
+    /// assert_eq!(t.to_vec_f64()?, [1.0, 2.5, -3.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn from_f64(values: &[f64], shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        with_element_type!(dtype, T => Tensor::from_vec(values.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>(), shape, device))
+    }
+
+    /// The elements as f64 in row-major order, whatever the dtype (exact: every dtype widens to
+    /// f64 without rounding).
+    pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
+        with_element_type!(self.dtype, T => Ok(self.to_vec::<T>()?.into_iter().map(T::to_f64).collect()))
+    }
+
     /// A tensor holding a copy of `data` in row-major order.
     pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>, device: Device) -> Result<Tensor> {
         Tensor::from_vec(data.to_vec(), shape, device)

@@ -2,7 +2,7 @@
 //! a device, so the same assertions prove both backends.
 #![allow(dead_code)]
 
-use opsmith_host::{DType, Device, Element, Error, Result, Tensor, ops};
+use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -145,28 +145,12 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
 
 /// A tensor of `values` (converted to `dtype`) on `device`.
 pub fn tensor(values: &[f64], dtype: DType, device: Device) -> Result<Tensor> {
-    fn typed<T: Element>(v: &[f64], device: Device) -> Result<Tensor> {
-        Tensor::from_vec(v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>(), v.len(), device)
-    }
-    match dtype {
-        DType::F32 => typed::<f32>(values, device),
-        DType::F16 => typed::<half::f16>(values, device),
-        DType::BF16 => typed::<half::bf16>(values, device),
-        DType::F64 => typed::<f64>(values, device),
-    }
+    Tensor::from_f64(values, values.len(), dtype, device)
 }
 
 /// A tensor's values as f64.
 pub fn values(t: &Tensor) -> Result<Vec<f64>> {
-    fn typed<T: Element>(t: &Tensor) -> Result<Vec<f64>> {
-        Ok(t.to_vec::<T>()?.into_iter().map(T::to_f64).collect())
-    }
-    match t.dtype() {
-        DType::F32 => typed::<f32>(t),
-        DType::F16 => typed::<half::f16>(t),
-        DType::BF16 => typed::<half::bf16>(t),
-        DType::F64 => typed::<f64>(t),
-    }
+    t.to_vec_f64()
 }
 
 /// A view of `n` elements at `offset` into a buffer of `offset + n + 2` elements whose other
