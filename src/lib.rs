@@ -14,6 +14,8 @@
 //! assert_eq!(z.to_vec::<f32>()?, [2.0, 8.0]);
 //! # Ok(()) }
 //! ```
+#![warn(missing_docs)]
+
 pub use opsmith_autograd as autograd;
 pub use opsmith_host as host;
 pub use opsmith_host::{DType, Device, Element, Error, Result, Shape, Tensor, bf16, cuda, f16, ops};

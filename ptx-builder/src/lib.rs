@@ -23,6 +23,8 @@
 //! What it needs: a nightly toolchain with the `rust-src` component (for `-Zbuild-std=core`).
 //! No CUDA toolkit, nvcc or LLVM install. When something is missing, [`PtxBuildError`] says
 //! what to install.
+#![warn(missing_docs)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -291,28 +291,14 @@ impl Tensor {
 
     /// A fresh contiguous copy on the same device.
     pub fn copy(&self) -> Result<Tensor> {
-        match &self.storage.data {
-            StorageData::Cpu(_) => {
+        match self.device {
+            Device::Cpu => {
                 with_element_type!(self.dtype, T => Tensor::from_vec(self.to_vec::<T>()?, self.shape.clone(), self.device))
             }
-            StorageData::Cuda { device, bytes } => {
-                let stream = device.current_stream();
+            Device::Cuda(ordinal) => {
+                let stream = CudaDevice::get(ordinal)?.current_stream();
                 let out = Tensor::uninit_on(&stream, self.shape.clone(), self.dtype)?;
-                let size = self.dtype.size_in_bytes();
-                let n = self.elem_count();
-                if n > 0 {
-                    let src = bytes.read_recursive();
-                    let src = src.slice(self.offset * size..(self.offset + n) * size);
-                    let StorageData::Cuda { bytes: dst, .. } = &out.storage.data else {
-                        unreachable!("allocated on CUDA")
-                    };
-                    let mut dst = dst.write();
-                    device.bind()?;
-                    stream
-                        .raw()
-                        .memcpy_dtod(&src, &mut *dst)
-                        .map_err(|e| device.driver_error("copying device to device", e))?;
-                }
+                out.copy_from_(self)?; // device to device
                 Ok(out)
             }
         }
