@@ -1,0 +1,124 @@
+//! What opsmith sees on this machine, and the fix for each problem it finds: the first thing to
+//! run when something does not work.
+//!
+//! ```text
+//! cargo run --release --example doctor
+//! ```
+use opsmith::cuda::{self, CudaDevice, EMBEDDED_PTX, EMBEDDED_PTX_ARCH};
+use std::process::Command;
+
+fn main() {
+    let mut problems: Vec<(String, String)> = Vec::new();
+    println!("opsmith {}", env!("CARGO_PKG_VERSION"));
+    let ptx_version = EMBEDDED_PTX.lines().find_map(|l| l.strip_prefix(".version ")).unwrap_or("?");
+    println!(
+        "embedded PTX: target {EMBEDDED_PTX_ARCH}, PTX ISA {ptx_version}, {} kernels",
+        opsmith::kernels::names::all_kernel_names().count()
+    );
+
+    // The driver and the GPUs.
+    if !cuda::driver_available() {
+        println!("CUDA driver: not found (libcuda could not be loaded)");
+        problems.push((
+            "no CUDA driver".into(),
+            "install the NVIDIA driver (it provides libcuda.so.1), or use Device::Cpu: every op also runs on the CPU"
+                .into(),
+        ));
+    } else {
+        match cuda::driver_version() {
+            Ok((major, minor)) => println!("CUDA driver: supports CUDA {major}.{minor}"),
+            Err(e) => problems.push((format!("cuDriverGetVersion failed: {e}"), "reinstall the NVIDIA driver".into())),
+        }
+        match cuda::device_count() {
+            Ok(0) => {
+                problems.push(("the driver sees no GPU".into(), "check `nvidia-smi` and CUDA_VISIBLE_DEVICES".into()))
+            }
+            Ok(n) => {
+                for ordinal in 0..n {
+                    describe(ordinal, &mut problems);
+                }
+            }
+            Err(e) => problems.push((
+                format!("counting devices failed: {e}"),
+                "check `nvidia-smi`; a driver/library version mismatch shows here".into(),
+            )),
+        }
+    }
+
+    // The toolchain that builds the kernels (needed to build opsmith, not to run it).
+    let rustc = Command::new("rustc")
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    match rustc {
+        Some(v) if v.contains("nightly") => println!("rustc: {v}"),
+        Some(v) => {
+            println!("rustc: {v}");
+            problems.push((
+                "the rustc on PATH is not a nightly (building the kernels needs -Zbuild-std)".into(),
+                "run `rustup toolchain install` in the repository root; rust-toolchain.toml pins the nightly".into(),
+            ));
+        }
+        None => println!("rustc: not on PATH (only needed to build)"),
+    }
+    if let Some(out) = Command::new("rustup").args(["component", "list", "--installed"]).output().ok() {
+        let installed = String::from_utf8_lossy(&out.stdout);
+        for component in ["rust-src", "llvm-tools"] {
+            let present = installed.lines().any(|l| l.starts_with(component));
+            println!("component {component}: {}", if present { "installed" } else { "missing" });
+            if !present {
+                problems.push((
+                    format!("rustup component {component} is missing"),
+                    format!("rustup component add {component}"),
+                ));
+            }
+        }
+    }
+
+    println!();
+    if problems.is_empty() {
+        println!("no problems found");
+    } else {
+        for (problem, fix) in &problems {
+            println!("problem: {problem}\n    fix: {fix}");
+        }
+    }
+}
+
+fn describe(ordinal: usize, problems: &mut Vec<(String, String)>) {
+    let dev = match CudaDevice::get(ordinal) {
+        Ok(dev) => dev,
+        Err(e) => {
+            problems.push((
+                format!("cuda:{ordinal} cannot be opened: {e}"),
+                "check `nvidia-smi` for the device's state".into(),
+            ));
+            return;
+        }
+    };
+    let name = dev.name().unwrap_or_else(|e| format!("? ({e})"));
+    let (major, minor) = dev.compute_capability().unwrap_or((0, 0));
+    let (free, total) = dev.memory_info().unwrap_or((0, 0));
+    println!(
+        "cuda:{ordinal}: {name}, compute capability {major}.{minor}, {} SMs, {:.1} of {:.1} GiB free",
+        dev.sm_count(),
+        free as f64 / (1u64 << 30) as f64,
+        total as f64 / (1u64 << 30) as f64
+    );
+    if major < 7 {
+        problems.push((
+            format!(
+                "cuda:{ordinal} has compute capability {major}.{minor}; the embedded PTX needs 7.0 (Volta) or newer"
+            ),
+            "use a newer GPU, or Device::Cpu".into(),
+        ));
+    }
+    match dev.kernels() {
+        Ok(_) => println!("cuda:{ordinal}: opsmith's PTX module loads"),
+        Err(e) => problems.push((
+            format!("cuda:{ordinal} rejects the embedded PTX: {e}"),
+            "the driver is older than the PTX ISA version above: update the NVIDIA driver, or rebuild with OPSMITH_PTX_ARCH set to an older target".into(),
+        )),
+    }
+}
