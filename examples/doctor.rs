@@ -62,7 +62,7 @@ fn main() {
         }
         None => println!("rustc: not on PATH (only needed to build)"),
     }
-    if let Some(out) = Command::new("rustup").args(["component", "list", "--installed"]).output().ok() {
+    if let Ok(out) = Command::new("rustup").args(["component", "list", "--installed"]).output() {
         let installed = String::from_utf8_lossy(&out.stdout);
         for component in ["rust-src", "llvm-tools"] {
             let present = installed.lines().any(|l| l.starts_with(component));
