@@ -127,35 +127,7 @@ fn streams_and_events() -> Result<()> {
 /// Third-party PTX: load hand-written PTX at run time and launch it through the checked path.
 #[test]
 fn third_party_ptx_module() -> Result<()> {
-    const PTX: &str = r#"
-.version 7.0
-.target sm_70
-.address_size 64
-.visible .entry scale_f32(.param .u64 x, .param .u64 y, .param .f32 a, .param .u32 n)
-{
-    .reg .pred %p;
-    .reg .b32 %r<6>;
-    .reg .f32 %f<3>;
-    .reg .b64 %rd<6>;
-    mov.u32 %r1, %ctaid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
-    mad.lo.u32 %r4, %r1, %r2, %r3;
-    ld.param.u32 %r5, [n];
-    setp.ge.u32 %p, %r4, %r5;
-    @%p ret;
-    ld.param.u64 %rd1, [x];
-    ld.param.u64 %rd2, [y];
-    mul.wide.u32 %rd3, %r4, 4;
-    add.u64 %rd4, %rd1, %rd3;
-    add.u64 %rd5, %rd2, %rd3;
-    ld.global.f32 %f1, [%rd4];
-    ld.param.f32 %f2, [a];
-    mul.f32 %f1, %f1, %f2;
-    st.global.f32 [%rd5], %f1;
-    ret;
-}
-"#;
+    const PTX: &str = include_str!("../../examples/ptx/scale.ptx");
     let module = KernelModule::from_ptx(&GPU, "scale", PTX)?;
     let kernel = module.kernel("scale_f32")?;
     let n = 5000;
