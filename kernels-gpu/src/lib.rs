@@ -6,9 +6,12 @@
 //!   module that `opsmith-host` embeds. Only that build contains the kernels themselves and the
 //!   device-side std in `device`.
 //! * for the host, as an ordinary dependency of `opsmith-host`. That build contains only the
-//!   kernel *name tables* ([`names`]) and the pure-arithmetic helpers in [`convert`], so the host
-//!   refers to kernels through the same identifiers the kernels are defined with: a renamed kernel
-//!   is a compile error on the host, never a missing symbol at a user's run time.
+//!   kernel *name tables* ([`names`]) and pure arithmetic: the conversions in [`convert`], and
+//!   the activation and optimizer formulas ([`activation`], [`optim`], generic over
+//!   [`real::Real`]) that the CPU backend runs as well, so that it computes what the kernels do,
+//!   operation for operation. The host refers to kernels through the same identifiers the
+//!   kernels are defined with: a renamed kernel is a compile error on the host, never a missing
+//!   symbol at a user's run time.
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -17,14 +20,21 @@
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 #![warn(missing_docs)]
 
+// The host build's `Real` impls use std's float methods; the kernels see only `core`.
+#[cfg(not(target_arch = "nvptx64"))]
+extern crate std;
+
+pub mod activation;
 pub mod convert;
 #[cfg(target_arch = "nvptx64")]
 pub mod device;
 mod elementwise;
 pub mod names;
+pub mod optim;
+pub mod real;
 mod reduction;
 
-pub use names::{ElementwiseKernels, ReductionKernels};
+pub use names::{ActivationKernels, ElementwiseKernels, OptimizerKernels, ReductionKernels};
 
 /// The kernels never unwind: a panic on the device stops the thread with a trap, which the host
 /// sees as a launch failure naming the kernel.

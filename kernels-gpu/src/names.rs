@@ -51,11 +51,64 @@ impl ReductionKernels {
     }
 }
 
+/// The PTX entry points of the activation family for one storage dtype: each activation and its
+/// fused backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActivationKernels {
+    /// `out = relu(x)`.
+    pub relu: &'static str,
+    /// `gx = g · [x > 0]`.
+    pub relu_backward: &'static str,
+    /// `out = gelu(x)`, tanh form.
+    pub gelu: &'static str,
+    /// `gx = g · gelu'(x)`.
+    pub gelu_backward: &'static str,
+    /// `out = x σ(x)`.
+    pub silu: &'static str,
+    /// `gx = g · silu'(x)`.
+    pub silu_backward: &'static str,
+}
+
+impl ActivationKernels {
+    /// Every entry point of the table.
+    pub const fn all(&self) -> [&'static str; 6] {
+        [self.relu, self.relu_backward, self.gelu, self.gelu_backward, self.silu, self.silu_backward]
+    }
+}
+
+/// The PTX entry points of the optimizer family for one storage dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptimizerKernels {
+    /// Plain SGD, in place.
+    pub sgd: &'static str,
+    /// SGD with a momentum buffer, in place.
+    pub sgd_momentum: &'static str,
+    /// Adam (AdamW), parameter and both moments in place.
+    pub adam: &'static str,
+}
+
+impl OptimizerKernels {
+    /// Every entry point of the table.
+    pub const fn all(&self) -> [&'static str; 3] {
+        [self.sgd, self.sgd_momentum, self.adam]
+    }
+}
+
 pub use crate::elementwise::{BF16, F16, F32};
 
 /// The reduction tables, by dtype.
 pub mod reduction {
     pub use crate::reduction::{BF16, F16, F32};
+}
+
+/// The activation tables, by dtype.
+pub mod activation {
+    pub use crate::activation::{BF16, F16, F32};
+}
+
+/// The optimizer tables, by dtype (f32 only).
+pub mod optim {
+    pub use crate::optim::F32;
 }
 
 /// Every elementwise kernel table this crate defines.
@@ -64,7 +117,18 @@ pub const ALL_ELEMENTWISE: [ElementwiseKernels; 3] = [F32, F16, BF16];
 /// Every reduction kernel table this crate defines.
 pub const ALL_REDUCTION: [ReductionKernels; 3] = [reduction::F32, reduction::F16, reduction::BF16];
 
+/// Every activation kernel table this crate defines.
+pub const ALL_ACTIVATION: [ActivationKernels; 3] = [activation::F32, activation::F16, activation::BF16];
+
+/// Every optimizer kernel table this crate defines.
+pub const ALL_OPTIMIZER: [OptimizerKernels; 1] = [optim::F32];
+
 /// Every kernel name of the crate, for checks that the PTX defines exactly these.
 pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {
-    ALL_ELEMENTWISE.into_iter().flat_map(|t| t.all()).chain(ALL_REDUCTION.into_iter().flat_map(|t| t.all()))
+    ALL_ELEMENTWISE
+        .into_iter()
+        .flat_map(|t| t.all())
+        .chain(ALL_REDUCTION.into_iter().flat_map(|t| t.all()))
+        .chain(ALL_ACTIVATION.into_iter().flat_map(|t| t.all()))
+        .chain(ALL_OPTIMIZER.into_iter().flat_map(|t| t.all()))
 }
