@@ -86,9 +86,11 @@ pub trait Element: sealed::Sealed + bytemuck::Pod + Copy + Send + Sync + std::fm
 }
 
 /// Arithmetic the CPU backend runs in: f32 or f64.
-pub trait Accumulator:
-    Copy + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> + std::ops::Sub<Output = Self> + PartialOrd
-{
+///
+/// It is [`Real`](opsmith_kernels::real::Real), the type the formulas shared with the kernels
+/// (activations, optimizer steps) are generic over, so the CPU runs them operation for operation
+/// as the GPU does.
+pub trait Accumulator: opsmith_kernels::real::Real {
     /// `a * b + c` with one rounding, as the GPU's `fma.rn`.
     fn fma(a: Self, b: Self, c: Self) -> Self;
     /// Rounds a scalar parameter to this type.

@@ -1,10 +1,11 @@
 //! The CPU half of the elementwise ops, on `ndarray`: one pass per op, fused where the GPU
 //! kernel is fused, arithmetic in `Element::Acc` like the kernels.
-use super::Elementwise;
+use super::{Activation, Elementwise};
 use crate::dtype::{Accumulator, with_element_type};
 use crate::tensor::storage::{CpuBuffer, StorageData};
 use crate::{Element, Error, Result, Tensor};
 use ndarray::{ArrayView1, ArrayViewMut1};
+use opsmith_kernels::{activation, optim};
 use parking_lot::RwLockReadGuard;
 use std::sync::Arc;
 
@@ -134,7 +135,54 @@ fn compute<T: Element>(op: Elementwise, ins: &[ArrayView1<'_, T>], outs: &mut [A
                 *gw = T::from_acc(acc(g) * (acc(x) + acc(y)));
             }
         }
+        (Elementwise::Activation(f), [out]) => match f {
+            Activation::Relu => map1(out, ins[0], activation::relu),
+            Activation::Gelu => map1(out, ins[0], activation::gelu),
+            Activation::Silu => map1(out, ins[0], activation::silu),
+        },
+        (Elementwise::ActivationBackward(f), [gx]) => match f {
+            Activation::Relu => map2(gx, ins[0], ins[1], activation::relu_backward),
+            Activation::Gelu => map2(gx, ins[0], ins[1], activation::gelu_backward),
+            Activation::Silu => map2(gx, ins[0], ins[1], activation::silu_backward),
+        },
+        (Elementwise::Sgd(step), [p_out]) => {
+            let (lr, wd) = (T::Acc::from_f64(step.lr), T::Acc::from_f64(step.weight_decay));
+            map2(p_out, ins[0], ins[1], |p, g| optim::sgd(p, g, lr, wd));
+        }
+        (Elementwise::Sgd(step), [p_out, buf_out]) => {
+            let [lr, momentum, wd] = [step.lr, step.momentum, step.weight_decay].map(T::Acc::from_f64);
+            let inputs = ins[0].iter().zip(ins[1]).zip(ins[2]);
+            for ((p_out, buf_out), ((p, g), buf)) in p_out.iter_mut().zip(buf_out.iter_mut()).zip(inputs) {
+                let (p, buf) = optim::sgd_momentum(acc(p), acc(g), acc(buf), lr, momentum, wd);
+                (*p_out, *buf_out) = (T::from_acc(p), T::from_acc(buf));
+            }
+        }
+        (Elementwise::Adam(step), [p_out, m_out, v_out]) => {
+            let c = step.coefficients().map(T::Acc::from_f64);
+            let inputs = ins[0].iter().zip(ins[1]).zip(ins[2]).zip(ins[3]);
+            let outputs = p_out.iter_mut().zip(m_out.iter_mut()).zip(v_out.iter_mut());
+            for (((p_out, m_out), v_out), (((p, g), m), v)) in outputs.zip(inputs) {
+                let (p, m, v) = optim::adam(acc(p), acc(g), acc(m), acc(v), &c);
+                (*p_out, *m_out, *v_out) = (T::from_acc(p), T::from_acc(m), T::from_acc(v));
+            }
+        }
         // `check::elementwise` fixed the arity before we got here.
         _ => {}
+    }
+}
+
+/// `out[i] = f(x[i])` in the arithmetic type, rounded once.
+#[inline(always)]
+fn map1<T: Element>(out: &mut [T], x: &[T], f: impl Fn(T::Acc) -> T::Acc) {
+    for (o, x) in out.iter_mut().zip(x) {
+        *o = T::from_acc(f(x.to_acc()));
+    }
+}
+
+/// `out[i] = f(a[i], b[i])` in the arithmetic type, rounded once.
+#[inline(always)]
+fn map2<T: Element>(out: &mut [T], a: &[T], b: &[T], f: impl Fn(T::Acc, T::Acc) -> T::Acc) {
+    for ((o, a), b) in out.iter_mut().zip(a).zip(b) {
+        *o = T::from_acc(f(a.to_acc(), b.to_acc()));
     }
 }

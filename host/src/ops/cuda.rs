@@ -1,31 +1,59 @@
 //! The CUDA half of the elementwise ops: one launch of the op's kernel from `kernels-gpu`.
-use super::Elementwise;
+use super::{Activation, Elementwise};
 use crate::cuda::{CudaDevice, DEFAULT_BLOCK, LaunchConfig};
 use crate::tensor::storage::with_cuda_ptrs;
 use crate::{DType, Device, Error, Result, Tensor};
-use opsmith_kernels::{ElementwiseKernels, names};
+use opsmith_kernels::names::{self, activation, optim};
 use std::ffi::c_void;
 
-/// The kernel table for a dtype; f64 has no kernels.
-fn kernel_table(op: Elementwise, dtype: DType, device: Device) -> Result<ElementwiseKernels> {
+/// A family's table for `dtype`, from its f32, f16 and bf16 tables; f64 has no kernels.
+fn by_dtype<T>(op: Elementwise, dtype: DType, device: Device, [f32, f16, bf16]: [T; 3]) -> Result<T> {
     match dtype {
-        DType::F32 => Ok(names::F32),
-        DType::F16 => Ok(names::F16),
-        DType::BF16 => Ok(names::BF16),
+        DType::F32 => Ok(f32),
+        DType::F16 => Ok(f16),
+        DType::BF16 => Ok(bf16),
         DType::F64 => Err(Error::UnsupportedDType { op: op.name(), dtype, device }),
     }
 }
 
-fn kernel_name(op: Elementwise, table: &ElementwiseKernels) -> &'static str {
-    match op {
-        Elementwise::Add => table.add,
-        Elementwise::Sub => table.sub,
-        Elementwise::Mul => table.mul,
-        Elementwise::Affine { .. } => table.affine,
-        Elementwise::FusedMulAdd => table.fused_mul_add,
-        Elementwise::AddMul => table.add_mul,
-        Elementwise::AddMulBackward => table.add_mul_backward,
-    }
+/// The op's kernel for a dtype.
+fn kernel_name(op: Elementwise, dtype: DType, device: Device) -> Result<&'static str> {
+    let elementwise = || by_dtype(op, dtype, device, [names::F32, names::F16, names::BF16]);
+    let activations = || by_dtype(op, dtype, device, [activation::F32, activation::F16, activation::BF16]);
+    let optimizers = || match dtype {
+        DType::F32 => Ok(optim::F32),
+        _ => Err(Error::UnsupportedDType { op: op.name(), dtype, device }),
+    };
+    Ok(match op {
+        Elementwise::Add => elementwise()?.add,
+        Elementwise::Sub => elementwise()?.sub,
+        Elementwise::Mul => elementwise()?.mul,
+        Elementwise::Affine { .. } => elementwise()?.affine,
+        Elementwise::FusedMulAdd => elementwise()?.fused_mul_add,
+        Elementwise::AddMul => elementwise()?.add_mul,
+        Elementwise::AddMulBackward => elementwise()?.add_mul_backward,
+        Elementwise::Activation(Activation::Relu) => activations()?.relu,
+        Elementwise::Activation(Activation::Gelu) => activations()?.gelu,
+        Elementwise::Activation(Activation::Silu) => activations()?.silu,
+        Elementwise::ActivationBackward(Activation::Relu) => activations()?.relu_backward,
+        Elementwise::ActivationBackward(Activation::Gelu) => activations()?.gelu_backward,
+        Elementwise::ActivationBackward(Activation::Silu) => activations()?.silu_backward,
+        Elementwise::Sgd(step) if step.uses_buffer() => optimizers()?.sgd_momentum,
+        Elementwise::Sgd(_) => optimizers()?.sgd,
+        Elementwise::Adam(_) => optimizers()?.adam,
+    })
+}
+
+/// The op's scalar kernel parameters, after its tensors and before `n`, rounded to f32.
+fn scalars(op: Elementwise) -> Vec<f32> {
+    let f64s = match op {
+        Elementwise::Affine { alpha, beta } => vec![alpha, beta],
+        Elementwise::Sgd(step) if step.uses_buffer() => vec![step.lr, step.momentum, step.weight_decay],
+        Elementwise::Sgd(step) => vec![step.lr, step.weight_decay],
+        Elementwise::Adam(step) => step.coefficients().to_array().to_vec(),
+        _ => Vec::new(),
+    };
+    f64s.into_iter().map(|v| v as f32).collect()
 }
 
 /// The most elements one launch may cover: every byte offset must fit an `isize` (Rust's rule
@@ -44,29 +72,26 @@ pub(super) fn elementwise(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tenso
     let Device::Cuda(ordinal) = first.device() else {
         return Err(Error::DeviceMismatch { op: op.name(), lhs: Device::Cuda(0), rhs: first.device() });
     };
-    let table = kernel_table(op, first.dtype(), first.device())?;
+    let name = kernel_name(op, first.dtype(), first.device())?;
     let n = check_launch_len(op.name(), first.elem_count(), first.dtype())?;
     if n == 0 {
         return Ok(());
     }
     let device = CudaDevice::get(ordinal)?;
-    let kernel = device.kernels()?.kernel(kernel_name(op, &table))?;
+    let kernel = device.kernels()?.kernel(name)?;
     // The kernels take one 16-byte pack per thread-iteration.
     let lanes = (16 / first.dtype().size_in_bytes()) as u64;
     let cfg = LaunchConfig::grid_stride(&kernel, n.div_ceil(lanes), DEFAULT_BLOCK)?;
     let stream = device.current_stream();
     with_cuda_ptrs(&stream, inputs, outputs, |reads, writes| {
         let mut pointers: Vec<u64> = reads.iter().chain(writes).copied().collect();
-        let mut scalars: Vec<f32> = match op {
-            Elementwise::Affine { alpha, beta } => vec![alpha as f32, beta as f32],
-            _ => Vec::new(),
-        };
+        let mut scalars = scalars(op);
         let mut n = n;
         let mut params: Vec<*mut c_void> = pointers.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
         params.extend(scalars.iter_mut().map(|v| v as *mut f32 as *mut c_void));
         params.push(&mut n as *mut u64 as *mut c_void);
-        // SAFETY: the kernel takes (inputs…, outputs…, scalars…, n: u64), as
-        // `elementwise_family!` defines it; every pointer is valid for `n` elements of the
+        // SAFETY: the kernel takes (inputs…, outputs…, scalars…, n: u64), as the family macros
+        // of `kernels-gpu` define it (`scalars` lists the op's scalars in parameter order); every pointer is valid for `n` elements of the
         // checked dtype on this device, and `check::elementwise` ruled out partial overlaps.
         unsafe { kernel.launch_raw(&stream, cfg, &mut params) }
     })

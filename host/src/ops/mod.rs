@@ -7,13 +7,25 @@
 //!
 //! Arithmetic runs in f32 for f32, f16 and bf16 (in f64 for f64, CPU only), and results are
 //! rounded once to the storage dtype; the CPU and CUDA results are bit-identical for finite
-//! inputs.
+//! inputs, except for `gelu`, `silu` and their backward, whose exponential differs by a few
+//! ulps between the two (see [`gelu`]).
+//!
+//! The optimizer steps ([`sgd_step`], [`adam_step`]) update their tensors in place.
+mod activation;
 pub(crate) mod check;
 mod cpu;
 mod cuda;
+mod optim;
 mod reduce;
 
+pub use activation::{
+    gelu, gelu_backward, gelu_backward_into, gelu_into, relu, relu_backward, relu_backward_into, relu_into, silu,
+    silu_backward, silu_backward_into, silu_into,
+};
+pub use optim::{AdamStep, SgdStep, adam_step, sgd_step};
 pub use reduce::{add_row, expand_scalar, mean, sum, sum_rows};
+
+use activation::Activation;
 
 use crate::{Device, Result, Tensor};
 
@@ -31,6 +43,15 @@ pub(crate) enum Elementwise {
     FusedMulAdd,
     AddMul,
     AddMulBackward,
+    /// `out = f(x)`.
+    Activation(Activation),
+    /// `gx = g · f'(x)`, inputs `[g, x]`.
+    ActivationBackward(Activation),
+    /// In place: inputs `[param, grad]` and outputs `[param]`, or with momentum inputs
+    /// `[param, grad, buf]` and outputs `[param, buf]`.
+    Sgd(SgdStep),
+    /// In place: inputs `[param, grad, m, v]`, outputs `[param, m, v]`.
+    Adam(AdamStep),
 }
 
 impl Elementwise {
@@ -43,16 +64,23 @@ impl Elementwise {
             Elementwise::FusedMulAdd => "fused_mul_add",
             Elementwise::AddMul => "add_mul",
             Elementwise::AddMulBackward => "add_mul_backward",
+            Elementwise::Activation(a) => a.name(),
+            Elementwise::ActivationBackward(a) => a.backward_name(),
+            Elementwise::Sgd(_) => "sgd_step",
+            Elementwise::Adam(_) => "adam_step",
         }
     }
 
     /// (inputs, outputs).
     pub(crate) fn arity(self) -> (usize, usize) {
         match self {
-            Elementwise::Affine { .. } => (1, 1),
-            Elementwise::Add | Elementwise::Sub | Elementwise::Mul => (2, 1),
+            Elementwise::Affine { .. } | Elementwise::Activation(_) => (1, 1),
+            Elementwise::Add | Elementwise::Sub | Elementwise::Mul | Elementwise::ActivationBackward(_) => (2, 1),
             Elementwise::FusedMulAdd | Elementwise::AddMul => (3, 1),
             Elementwise::AddMulBackward => (4, 2),
+            Elementwise::Sgd(step) if step.uses_buffer() => (3, 2),
+            Elementwise::Sgd(_) => (2, 1),
+            Elementwise::Adam(_) => (4, 3),
         }
     }
 }
