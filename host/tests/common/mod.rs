@@ -2,6 +2,9 @@
 //! a device, so the same assertions prove both backends.
 #![allow(dead_code)]
 
+pub mod activation;
+pub mod optim;
+
 use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -69,14 +72,7 @@ impl Op {
             (Op::AddMul | Op::AddMulBackward, _) => 2.01 * u,
             _ => 1.01 * u,
         };
-        let store = if dtype == DType::F32 || dtype == DType::F64 { 0.0 } else { dtype.unit_roundoff() };
-        let floor = match dtype {
-            DType::F16 => 2f64.powi(-25),
-            DType::BF16 => 2f64.powi(-134),
-            DType::F32 => 2f64.powi(-150),
-            DType::F64 => 0.0,
-        };
-        arith * scale + store * r.abs() * 1.01 + floor
+        arith * scale + store_roundoff(dtype) * r.abs() * 1.01 + store_floor(dtype)
     }
 
     /// The magnitude of the terms that make up output `k`, which bounds the rounding error
@@ -122,6 +118,23 @@ impl Op {
 }
 
 pub const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+
+/// The relative error of rounding an f32 (or f64) result to the storage dtype: 0 where the
+/// arithmetic type is the storage type.
+pub fn store_roundoff(dtype: DType) -> f64 {
+    if dtype == DType::F32 || dtype == DType::F64 { 0.0 } else { dtype.unit_roundoff() }
+}
+
+/// The absolute error of rounding to the storage dtype below its normal range: half its
+/// smallest subnormal.
+pub fn store_floor(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-25),
+        DType::BF16 => 2f64.powi(-134),
+        DType::F32 => 2f64.powi(-150),
+        DType::F64 => 0.0,
+    }
+}
 
 /// Random values with both signs and magnitudes from 1/16 to 16, never zero, rounded to `dtype`.
 pub fn random_values(rng: &mut StdRng, n: usize, dtype: DType) -> Vec<f64> {

@@ -1,0 +1,287 @@
+//! Optimizer test bodies, shared by the CPU suite (`optim.rs`) and the GPU suite
+//! (`gpu_activation.rs`): several steps of SGD and Adam against plain f64 implementations
+//! written here from the definitions.
+use super::{SENTINEL, padded_view, random_values, tensor, values};
+use opsmith_host::ops::{AdamStep, SgdStep};
+use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
+use rand::{SeedableRng, rngs::StdRng};
+
+pub const OPTIM_SIZES: [usize; 4] = [0, 1, 7, 1029];
+pub const STEPS: u64 = 5;
+
+pub const SGD_CASES: [SgdStep; 4] = [
+    SgdStep { lr: 0.1, momentum: 0.0, weight_decay: 0.0 },
+    SgdStep { lr: 0.1, momentum: 0.0, weight_decay: 0.1 },
+    SgdStep { lr: 0.05, momentum: 0.9, weight_decay: 0.0 },
+    SgdStep { lr: 0.05, momentum: 0.9, weight_decay: 0.01 },
+];
+
+/// Each is run for [`STEPS`] steps from its `step`.
+pub const ADAM_CASES: [AdamStep; 4] = [
+    AdamStep { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, step: 1 },
+    AdamStep { lr: 1e-3, beta1: 0.8, beta2: 0.99, eps: 1e-6, weight_decay: 0.1, step: 1 },
+    AdamStep { lr: 0.1, beta1: 0.0, beta2: 0.5, eps: 1e-3, weight_decay: 0.05, step: 1 },
+    AdamStep { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 1000 },
+];
+
+/// The dtypes the optimizers implement on `device`.
+pub fn optimizer_supported(dtype: DType, device: Device) -> bool {
+    dtype == DType::F32 || (dtype == DType::F64 && !device.is_cuda())
+}
+
+/// Roundoff of the arithmetic the optimizers run in for `dtype`.
+fn roundoff(dtype: DType) -> f64 {
+    if dtype == DType::F64 { f64::EPSILON / 2.0 } else { f64::from(f32::EPSILON) / 2.0 }
+}
+
+/// A state tensor: a view at `offset` of a sentinel-padded buffer, holding `v`.
+struct State {
+    buf: Tensor,
+    view: Tensor,
+    offset: usize,
+}
+
+impl State {
+    fn new(v: &[f64], offset: usize, dtype: DType, device: Device) -> Result<State> {
+        let (buf, view) = padded_view(v.len(), offset, 0.0, dtype, device)?;
+        view.copy_from_(&tensor(v, dtype, device)?)?;
+        Ok(State { buf, view, offset })
+    }
+
+    /// The view's values, after checking that nothing outside it was written.
+    fn read(&self, context: &str) -> Result<Vec<f64>> {
+        let all = values(&self.buf)?;
+        let n = self.view.elem_count();
+        let outside = all[..self.offset].iter().chain(&all[self.offset + n..]);
+        assert!(outside.into_iter().all(|&s| s == SENTINEL), "{context}: wrote outside the view");
+        Ok(all[self.offset..self.offset + n].to_vec())
+    }
+}
+
+/// `got` within `tol[i]` of `want`, elementwise.
+fn assert_close(context: &str, got: &[f64], want: &[f64], tol: &[f64]) {
+    for i in 0..want.len() {
+        assert!(
+            (got[i] - want[i]).abs() <= tol[i],
+            "{context}[{i}]: got {:e}, f64 reference {:e}, tolerance {:e}",
+            got[i],
+            want[i],
+            tol[i]
+        );
+    }
+}
+
+/// [`STEPS`] SGD steps per case, dtype, size and offset against plain f64 SGD. The tolerance
+/// grows with the magnitudes each step adds up (64 roundoffs of them), since every step rounds
+/// again.
+pub fn sgd_against_f64(device: Device) -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(71);
+    for (k, step) in SGD_CASES.iter().enumerate() {
+        for dtype in [DType::F32, DType::F64] {
+            for n in OPTIM_SIZES {
+                for offset in [0, 1] {
+                    let context = format!("sgd case {k} {dtype} on {device}, n={n} offset={offset}");
+                    let mut p = random_values(&mut rng, n, dtype);
+                    let mut buf = vec![0.0; n];
+                    let param = State::new(&p, offset, dtype, device)?;
+                    let momentum = State::new(&buf, offset + 2, dtype, device)?;
+                    let momentum_buf = (step.momentum > 0.0).then_some(&momentum.view);
+                    let (mut p_scale, mut buf_scale) = (vec![0.0; n], vec![0.0; n]);
+                    for t in 0..STEPS {
+                        let g = random_values(&mut rng, n, dtype);
+                        let grad = State::new(&g, (offset + 3) % 4, dtype, device)?;
+                        if !optimizer_supported(dtype, device) {
+                            let err = ops::sgd_step(&param.view, &grad.view, momentum_buf, step).unwrap_err();
+                            assert!(matches!(err, Error::UnsupportedDType { op: "sgd_step", .. }), "{err}");
+                            break;
+                        }
+                        let versions = (param.view.version(), momentum.view.version(), grad.view.version());
+                        ops::sgd_step(&param.view, &grad.view, momentum_buf, step)?;
+                        assert!(param.view.version() > versions.0, "{context}: param version");
+                        assert_eq!(momentum.view.version() > versions.1, step.momentum > 0.0, "{context}: buf version");
+                        assert_eq!(grad.view.version(), versions.2, "{context}: grad version");
+                        assert_eq!(grad.read(&context)?, g, "{context}: grad changed");
+                        for i in 0..n {
+                            let d = g[i] + step.weight_decay * p[i];
+                            // The terms of d, which may cancel.
+                            let d_terms = g[i].abs() + (step.weight_decay * p[i]).abs();
+                            let update = if step.momentum > 0.0 {
+                                buf[i] = step.momentum * buf[i] + d;
+                                buf_scale[i] += buf[i].abs() + d_terms;
+                                step.lr * buf[i]
+                            } else {
+                                step.lr * d
+                            };
+                            p[i] -= update;
+                            p_scale[i] += p[i].abs() + update.abs() + step.lr * d_terms;
+                        }
+                        let u = roundoff(dtype);
+                        let tol = |scale: &[f64]| scale.iter().map(|s| 64.0 * u * s).collect::<Vec<_>>();
+                        assert_close(&format!("{context} step {t} param"), &param.read(&context)?, &p, &tol(&p_scale));
+                        if step.momentum > 0.0 {
+                            let got = momentum.read(&context)?;
+                            assert_close(&format!("{context} step {t} buf"), &got, &buf, &tol(&buf_scale));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Plain f64 Adam for one element at step `t`, from the textbook definition with AdamW's
+/// decoupled decay. Returns the update subtracted from p (for the tolerance).
+fn adam_reference(p: &mut f64, g: f64, m: &mut f64, v: &mut f64, s: &AdamStep, t: u64) -> f64 {
+    *m = s.beta1 * *m + (1.0 - s.beta1) * g;
+    *v = s.beta2 * *v + (1.0 - s.beta2) * g * g;
+    let m_hat = *m / (1.0 - s.beta1.powi(t as i32));
+    let v_hat = *v / (1.0 - s.beta2.powi(t as i32));
+    let update = s.lr * s.weight_decay * *p + s.lr * m_hat / (v_hat.sqrt() + s.eps);
+    *p -= update;
+    update
+}
+
+/// [`STEPS`] Adam steps per case, dtype, size and offset against plain f64 Adam, with the
+/// parameter and both moments compared after every step.
+pub fn adam_against_f64(device: Device) -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(72);
+    for (k, case) in ADAM_CASES.iter().enumerate() {
+        for dtype in [DType::F32, DType::F64] {
+            for n in OPTIM_SIZES {
+                for offset in [0, 1] {
+                    let context = format!("adam case {k} {dtype} on {device}, n={n} offset={offset}");
+                    let mut p = random_values(&mut rng, n, dtype);
+                    let (mut m, mut v) = (vec![0.0; n], vec![0.0; n]);
+                    let param = State::new(&p, offset, dtype, device)?;
+                    let m_state = State::new(&m, offset + 1, dtype, device)?;
+                    let v_state = State::new(&v, 3 - offset, dtype, device)?;
+                    let mut scale = [vec![0.0; n], vec![0.0; n], vec![0.0; n]];
+                    for t in case.step..case.step + STEPS {
+                        let step = AdamStep { step: t, ..*case };
+                        let g = random_values(&mut rng, n, dtype);
+                        let grad = State::new(&g, (offset + 2) % 4, dtype, device)?;
+                        if !optimizer_supported(dtype, device) {
+                            let err = ops::adam_step(&param.view, &grad.view, &m_state.view, &v_state.view, &step)
+                                .unwrap_err();
+                            assert!(matches!(err, Error::UnsupportedDType { op: "adam_step", .. }), "{err}");
+                            break;
+                        }
+                        let before = [&param, &m_state, &v_state, &grad].map(|s| s.view.version());
+                        ops::adam_step(&param.view, &grad.view, &m_state.view, &v_state.view, &step)?;
+                        let after = [&param, &m_state, &v_state, &grad].map(|s| s.view.version());
+                        assert!(after[..3].iter().zip(&before).all(|(a, b)| a > b), "{context}: state versions");
+                        assert_eq!(after[3], before[3], "{context}: grad version");
+                        assert_eq!(grad.read(&context)?, g, "{context}: grad changed");
+                        for i in 0..n {
+                            let update = adam_reference(&mut p[i], g[i], &mut m[i], &mut v[i], &step, t);
+                            scale[0][i] += p[i].abs() + update.abs();
+                            scale[1][i] += m[i].abs() + g[i].abs();
+                            scale[2][i] += v[i].abs() + g[i] * g[i];
+                        }
+                        let u = roundoff(dtype);
+                        let tol = |s: &[f64]| s.iter().map(|s| 64.0 * u * s).collect::<Vec<_>>();
+                        let what = |name: &str| format!("{context} step {t} {name}");
+                        assert_close(&what("param"), &param.read(&context)?, &p, &tol(&scale[0]));
+                        assert_close(&what("m"), &m_state.read(&context)?, &m, &tol(&scale[1]));
+                        assert_close(&what("v"), &v_state.read(&context)?, &v, &tol(&scale[2]));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bad hyperparameters and operands: typed errors naming the op, and no tensor changed.
+pub fn optimizer_errors(device: Device) -> Result<()> {
+    let t = |v: &[f64], dtype: DType| tensor(v, dtype, device);
+    let (p, g) = (t(&[1.0, -2.0, 3.0], DType::F32)?, t(&[0.5, 0.5, 0.5], DType::F32)?);
+    let (m, v) = (t(&[0.0; 3], DType::F32)?, t(&[0.0; 3], DType::F32)?);
+    let unchanged = || -> Result<()> {
+        assert_eq!(values(&p)?, [1.0, -2.0, 3.0]);
+        assert_eq!(values(&g)?, [0.5; 3]);
+        assert_eq!((values(&m)?, values(&v)?), (vec![0.0; 3], vec![0.0; 3]));
+        Ok(())
+    };
+    let adam = AdamStep { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, step: 1 };
+    let bad_adam = [
+        AdamStep { step: 0, ..adam },
+        AdamStep { lr: f64::NAN, ..adam },
+        AdamStep { lr: f64::INFINITY, ..adam },
+        AdamStep { lr: -1e-3, ..adam },
+        AdamStep { eps: -1e-8, ..adam },
+        AdamStep { weight_decay: f64::NAN, ..adam },
+        AdamStep { beta1: 1.0, ..adam },
+        AdamStep { beta2: -0.1, ..adam },
+        AdamStep { beta2: f64::NAN, ..adam },
+    ];
+    for step in bad_adam {
+        let err = ops::adam_step(&p, &g, &m, &v, &step).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { op: "adam_step", .. }), "{step:?}: {err}");
+    }
+    let sgd = SgdStep { lr: 0.1, momentum: 0.9, weight_decay: 0.0 };
+    for step in [
+        SgdStep { lr: f64::NAN, ..sgd },
+        SgdStep { lr: -0.1, ..sgd },
+        SgdStep { momentum: -0.5, ..sgd },
+        SgdStep { weight_decay: f64::INFINITY, ..sgd },
+    ] {
+        let err = ops::sgd_step(&p, &g, Some(&m), &step).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { op: "sgd_step", .. }), "{step:?}: {err}");
+    }
+    // The momentum buffer is there exactly when momentum is on.
+    let err = ops::sgd_step(&p, &g, None, &sgd).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { op: "sgd_step", .. }), "{err}");
+    let err = ops::sgd_step(&p, &g, Some(&m), &SgdStep { momentum: 0.0, ..sgd }).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { op: "sgd_step", .. }), "{err}");
+    // Shapes, dtypes, overlaps.
+    let g4 = t(&[0.5; 4], DType::F32)?;
+    match ops::adam_step(&p, &g4, &m, &v, &adam) {
+        Err(Error::ShapeMismatch { op: "adam_step", lhs, rhs }) => assert_eq!((lhs, rhs), (vec![3], vec![4])),
+        other => panic!("expected a shape mismatch, got {other:?}"),
+    }
+    assert!(matches!(ops::sgd_step(&p, &g4, Some(&m), &sgd), Err(Error::ShapeMismatch { op: "sgd_step", .. })));
+    let m64 = t(&[0.0; 3], DType::F64)?;
+    assert!(matches!(
+        ops::adam_step(&p, &g, &m64, &v, &adam),
+        Err(Error::DTypeMismatch { op: "adam_step", lhs: DType::F32, rhs: DType::F64 })
+    ));
+    let h = |v: &[f64]| t(v, DType::F16);
+    let (ph, gh, mh, vh) = (h(&[1.0; 3])?, h(&[1.0; 3])?, h(&[0.0; 3])?, h(&[0.0; 3])?);
+    assert!(matches!(
+        ops::adam_step(&ph, &gh, &mh, &vh, &adam),
+        Err(Error::UnsupportedDType { op: "adam_step", dtype: DType::F16, .. })
+    ));
+    assert!(matches!(
+        ops::sgd_step(&ph, &gh, None, &SgdStep { momentum: 0.0, ..sgd }),
+        Err(Error::UnsupportedDType { op: "sgd_step", dtype: DType::F16, .. })
+    ));
+    assert_eq!(values(&ph)?, [1.0; 3]);
+    let state = t(&[0.0; 4], DType::F32)?;
+    let (lo, hi) = (state.narrow(0, 3)?, state.narrow(1, 3)?);
+    assert!(matches!(ops::adam_step(&p, &g, &lo, &hi, &adam), Err(Error::Overlap { op: "adam_step", output: 1 })));
+    assert!(matches!(ops::adam_step(&p, &g, &m, &m, &adam), Err(Error::Overlap { op: "adam_step", output: 2 })));
+    assert!(matches!(ops::sgd_step(&p, &g, Some(&p), &sgd), Err(Error::Overlap { op: "sgd_step", output: 1 })));
+    assert_eq!(values(&state)?, [0.0; 4]);
+    unchanged()
+}
+
+/// Lists the optimizer cases, for the suites to run.
+#[macro_export]
+macro_rules! optim_cases {
+    ($device:expr) => {
+        #[test]
+        fn sgd_against_f64() -> opsmith_host::Result<()> {
+            common::optim::sgd_against_f64($device)
+        }
+        #[test]
+        fn adam_against_f64() -> opsmith_host::Result<()> {
+            common::optim::adam_against_f64($device)
+        }
+        #[test]
+        fn optimizer_errors() -> opsmith_host::Result<()> {
+            common::optim::optimizer_errors($device)
+        }
+    };
+}

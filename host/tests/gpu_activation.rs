@@ -1,0 +1,141 @@
+//! Activations and optimizer steps on CUDA (`--features gpu-tests`; needs a CUDA device): the
+//! shared cases on `Device::Cuda(0)` (f32, f16, bf16 against f64, poisoned outputs, odd sizes
+//! and unaligned views), CUDA against the CPU, and what needs two devices.
+mod common;
+
+use common::activation::{Act, inputs, tolerance};
+use common::optim::{ADAM_CASES, SGD_CASES, STEPS};
+use common::{random_values, tensor, values};
+use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
+use rand::{SeedableRng, rngs::StdRng};
+
+const GPU: Device = Device::Cuda(0);
+
+activation_cases!(GPU);
+optim_cases!(GPU);
+
+/// CUDA's gelu and silu differ from the CPU's only by the exponential: within twice the shared
+/// tolerance of each other, and relu bit for bit. Prints the largest difference seen, in units
+/// of the dtype's roundoff of the CPU value, for the record.
+#[test]
+fn activations_cuda_close_to_cpu() -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(404);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let n = 100_003;
+        let x = inputs(&mut rng, n, dtype);
+        let g = random_values(&mut rng, n, dtype);
+        for act in Act::ALL {
+            let run = |device: Device| -> Result<(Vec<f64>, Vec<f64>)> {
+                let (xt, gt) = (tensor(&x, dtype, device)?, tensor(&g, dtype, device)?);
+                Ok((values(&act.forward(&xt)?)?, values(&act.backward(&gt, &xt)?)?))
+            };
+            let ((cpu_y, cpu_dy), (gpu_y, gpu_dy)) = (run(Device::Cpu)?, run(GPU)?);
+            let mut worst = [0.0f64; 2];
+            for i in 0..n {
+                for (k, (c, d, gi)) in [(cpu_y[i], gpu_y[i], 1.0), (cpu_dy[i], gpu_dy[i], g[i])].into_iter().enumerate()
+                {
+                    if act == Act::Relu {
+                        assert_eq!(c.to_bits(), d.to_bits(), "{act:?} {dtype} output {k}[{i}], x = {}", x[i]);
+                        continue;
+                    }
+                    // Both are within the tolerance of f64, and f16/bf16 may round to neighbours.
+                    let tol = 2.0 * tolerance(dtype, c, gi, act.error_scale(x[i], k == 1), x[i]);
+                    assert!(
+                        (c - d).abs() <= tol,
+                        "{act:?} {dtype} output {k}[{i}]: cpu {c:e} cuda {d:e}, x = {}",
+                        x[i]
+                    );
+                    let u = dtype.unit_roundoff().max(2f64.powi(-24));
+                    if c.abs() > 1e-30 {
+                        worst[k] = worst[k].max((c - d).abs() / (u * c.abs()));
+                    }
+                }
+            }
+            eprintln!(
+                "{act:?} {dtype}: largest |cuda - cpu| / (u |cpu|): forward {:.1}, backward {:.1}",
+                worst[0], worst[1]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// SGD and Adam run the same correctly rounded operations on both devices: the same bits after
+/// every step.
+#[test]
+fn optimizers_cuda_match_cpu_bitwise() -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(405);
+    let n = 4099;
+    let dtype = DType::F32;
+    let init = |rng: &mut StdRng| random_values(rng, n, dtype);
+    let same = |what: &str, a: &Tensor, b: &Tensor| -> Result<()> {
+        let (a, b) = (values(a)?, values(b)?);
+        if let Some(i) = (0..n).find(|&i| a[i].to_bits() != b[i].to_bits()) {
+            panic!("{what}[{i}]: cpu {:e} vs cuda {:e}", a[i], b[i]);
+        }
+        Ok(())
+    };
+    for step in SGD_CASES {
+        let (p0, buf0) = (init(&mut rng), init(&mut rng));
+        let state = |device: Device| -> Result<(Tensor, Tensor)> {
+            // An odd offset: unaligned for the vector loads.
+            Ok((tensor(&p0, dtype, device)?.narrow(1, n - 1)?, tensor(&buf0, dtype, device)?.narrow(1, n - 1)?))
+        };
+        let ((p_cpu, b_cpu), (p_gpu, b_gpu)) = (state(Device::Cpu)?, state(GPU)?);
+        for t in 0..STEPS {
+            let g = init(&mut rng);
+            let buf = |b| (step.momentum > 0.0).then_some(b);
+            ops::sgd_step(&p_cpu, &tensor(&g, dtype, Device::Cpu)?.narrow(0, n - 1)?, buf(&b_cpu), &step)?;
+            ops::sgd_step(&p_gpu, &tensor(&g, dtype, GPU)?.narrow(0, n - 1)?, buf(&b_gpu), &step)?;
+            same(&format!("sgd {step:?} step {t} param"), &p_cpu, &p_gpu)?;
+            same(&format!("sgd {step:?} step {t} buf"), &b_cpu, &b_gpu)?;
+        }
+    }
+    for case in ADAM_CASES {
+        let p0 = init(&mut rng);
+        let state = |device: Device| -> Result<[Tensor; 3]> {
+            Ok([tensor(&p0, dtype, device)?, Tensor::zeros([n], dtype, device)?, Tensor::zeros([n], dtype, device)?])
+        };
+        let ([p_c, m_c, v_c], [p_g, m_g, v_g]) = (state(Device::Cpu)?, state(GPU)?);
+        for t in case.step..case.step + STEPS {
+            let step = ops::AdamStep { step: t, ..case };
+            let g = init(&mut rng);
+            ops::adam_step(&p_c, &tensor(&g, dtype, Device::Cpu)?, &m_c, &v_c, &step)?;
+            ops::adam_step(&p_g, &tensor(&g, dtype, GPU)?, &m_g, &v_g, &step)?;
+            for (name, c, g) in [("param", &p_c, &p_g), ("m", &m_c, &m_g), ("v", &v_c, &v_g)] {
+                same(&format!("adam {case:?} step {t} {name}"), c, g)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn device_mismatch_is_an_error() -> Result<()> {
+    let on = |device: Device| tensor(&[1.0, -2.0, 3.0], DType::F32, device);
+    let (x_gpu, g_cpu) = (on(GPU)?, on(Device::Cpu)?);
+    let err = ops::gelu_backward(&g_cpu, &x_gpu).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "gelu_backward", lhs: Device::Cpu, rhs: GPU }), "{err}");
+    let out = Tensor::zeros([3], DType::F32, Device::Cpu)?;
+    assert!(matches!(ops::silu_into(&x_gpu, &out), Err(Error::DeviceMismatch { op: "silu", .. })));
+    let (m, v) = (Tensor::zeros([3], DType::F32, GPU)?, Tensor::zeros([3], DType::F32, Device::Cpu)?);
+    let step = ops::AdamStep { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, step: 1 };
+    let err = ops::adam_step(&x_gpu, &on(GPU)?, &m, &v, &step).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "adam_step", lhs: GPU, rhs: Device::Cpu }), "{err}");
+    let sgd = ops::SgdStep { lr: 0.1, momentum: 0.0, weight_decay: 0.0 };
+    assert!(matches!(ops::sgd_step(&x_gpu, &g_cpu, None, &sgd), Err(Error::DeviceMismatch { op: "sgd_step", .. })));
+    assert_eq!(values(&x_gpu)?, [1.0, -2.0, 3.0]);
+    Ok(())
+}
+
+/// f64 has no CUDA kernels; the optimizers take f32 only on CUDA.
+#[test]
+fn unsupported_dtypes_on_cuda() -> Result<()> {
+    let x = tensor(&[1.0, 2.0], DType::F64, GPU)?;
+    assert!(matches!(ops::relu(&x), Err(Error::UnsupportedDType { op: "relu", dtype: DType::F64, device: GPU })));
+    let h = || tensor(&[1.0, 2.0], DType::BF16, GPU);
+    let sgd = ops::SgdStep { lr: 0.1, momentum: 0.0, weight_decay: 0.0 };
+    let err = ops::sgd_step(&h()?, &h()?, None, &sgd).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedDType { op: "sgd_step", dtype: DType::BF16, device: GPU }), "{err}");
+    Ok(())
+}
