@@ -22,7 +22,7 @@ run() { # name, command...
   return $rc
 }
 
-gpu_suites=(test-host-gpu test-host-gpu_reliability test-autograd-gpu)
+gpu_suites=(test-host-gpu test-host-gpu_reliability test-host-gpu_activation test-autograd-gpu)
 if [[ $what == test || $what == all ]]; then
   for suite in "$here"/bin/test-*; do
     run "$(basename "$suite")" "$suite"

@@ -2,7 +2,8 @@
 //!
 //! This facade re-exports the workspace's crates:
 //! * [`host`] (`opsmith-host`): devices, streams, tensors, ops, module loading;
-//! * [`kernels`] (`opsmith-kernels`): the kernel name tables shared with the PTX;
+//! * [`kernels`] (`opsmith-kernels`): the kernel name tables shared with the PTX, and the
+//!   activation and optimizer formulas the CPU backend shares with the kernels;
 //! * [`autograd`] (`opsmith-autograd`): the tape, custom ops and gradcheck.
 //!
 //! ```
