@@ -31,8 +31,13 @@ if [[ $what == test || $what == all ]]; then
   for suite in "${gpu_suites[@]}"; do
     OPSMITH_LAUNCH_BLOCKING=1 run "$suite-blocking" "$here/bin/$suite"
   done
+  # The examples that check their own results, in reading order.
   run quickstart "$here/bin/quickstart"
-  run custom-op "$here/bin/opsmith-example-custom-op"
+  run vector_add "$here/bin/vector_add"
+  run fused_mul_add "$here/bin/fused_mul_add"
+  run add_mul_backward "$here/bin/add_mul_backward"
+  run custom_op "$here/bin/custom_op"
+  run external_ptx "$here/bin/external_ptx"
 fi
 if [[ $what == sanitize || $what == all ]]; then
   # The suite provokes driver API errors on purpose (bad PTX, unknown kernel names) to test its

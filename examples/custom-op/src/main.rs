@@ -1,8 +1,13 @@
-//! The custom-op example: a 3×3 weighted filter whose CUDA kernels are Rust in `kernels/`,
-//! wired into autograd with its own backward, and checked with gradcheck.
+//! Step 4, `custom_op`: a 3×3 weighted filter whose CUDA kernels are Rust in `kernels/`, a
+//! kernel crate of its own, wired into autograd with its own backward, and checked with
+//! gradcheck.
+//!
+//! It is this package's binary rather than an example of the `opsmith` package because the
+//! kernel crate needs a build script of its own (`build.rs`, with `opsmith-ptx-builder`), as
+//! your crate would.
 //!
 //! ```text
-//! cargo run --release -p opsmith-example-custom-op
+//! cargo run --release -p opsmith-example-custom-op      # the binary `custom_op`
 //! ```
 use opsmith::autograd::{CustomOp, GradcheckOptions, Result, Tape, compare_devices, custom, gradcheck, ops};
 use opsmith::{DType, Device, Tensor};
