@@ -193,6 +193,47 @@ pub enum Error {
         /// The requested kernel.
         kernel: String,
     },
+    /// A library opsmith loads at run time (like the CUDA driver, but optional) is not on this
+    /// machine; `fix` says how to install it.
+    #[error("{lib} could not be loaded: {fix}")]
+    LibraryMissing {
+        /// The library's short name, e.g. "nccl".
+        lib: &'static str,
+        /// How to make it loadable.
+        fix: String,
+    },
+    /// An NCCL call failed.
+    #[error("{call} on {device} failed: {reason}")]
+    Nccl {
+        /// The NCCL function.
+        call: &'static str,
+        /// The communicator's device.
+        device: Device,
+        /// NCCL's error name and its last error message.
+        reason: String,
+    },
+    /// The TCP exchange that shares a communicator's unique id failed.
+    #[error("bootstrap of rank {rank} through {addr} failed: {reason}")]
+    Bootstrap {
+        /// The rank that reports the failure.
+        rank: usize,
+        /// The address of rank 0.
+        addr: std::net::SocketAddr,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The TCP exchange did not complete in time.
+    #[error("bootstrap of rank {rank} through {addr} timed out after {timeout:?}, waiting for rank(s) {missing:?}")]
+    BootstrapTimeout {
+        /// The rank that gave up.
+        rank: usize,
+        /// The address of rank 0.
+        addr: std::net::SocketAddr,
+        /// How long it waited.
+        timeout: std::time::Duration,
+        /// The ranks it was still waiting for.
+        missing: Vec<usize>,
+    },
     /// A value the caller supplied is not valid for the call.
     #[error("{op}: {reason}")]
     InvalidArgument {

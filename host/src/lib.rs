@@ -18,11 +18,13 @@
 //!
 //! Layout: [`device`] names devices; [`cuda`] holds the CUDA runtime (contexts, streams,
 //! events, modules, launches); [`tensor`] the tensor type; [`ops`] the operations, each with its
-//! CPU and CUDA halves side by side; [`error`] the one error type.
+//! CPU and CUDA halves side by side; [`dist`] NCCL communicators and their TCP bootstrap, for
+//! several GPUs; [`error`] the one error type.
 #![warn(missing_docs)]
 
 pub mod cuda;
 pub mod device;
+pub mod dist;
 pub mod dtype;
 pub mod error;
 pub mod ops;

@@ -5,14 +5,17 @@
 //! * [`Stream`] and [`Event`]: ordering and timing; ops run on the device's current stream.
 //! * [`KernelModule`] and [`Kernel`]: PTX modules (opsmith's embedded one, or third-party PTX).
 //! * [`LaunchConfig`]: checked launch geometry.
+//! * [`can_access_peer`]: whether two GPUs of this host reach each other's memory directly.
 mod device;
 mod launch;
 mod module;
+pub(crate) mod peer;
 mod stream;
 
 pub use device::CudaDevice;
 pub use launch::{DEFAULT_BLOCK, KernelArg, LaunchConfig, launch_blocking, len_as_u32};
 pub use module::{EMBEDDED_PTX, EMBEDDED_PTX_ARCH, Kernel, KernelModule};
+pub use peer::can_access_peer;
 pub use stream::{Event, Stream, StreamGuard};
 
 use crate::{Error, Result};

@@ -282,9 +282,32 @@ impl Tensor {
     }
 
     /// A copy on `device` (a fresh tensor even when `device` is the current one).
+    ///
+    /// Between two GPUs that reach each other's memory (NVLink, or PCIe peer-to-peer; see
+    /// [`cuda::can_access_peer`](crate::cuda::can_access_peer)) the copy goes device to device: peer access is
+    /// enabled for the pair on first use, and the copy is queued on the destination's current
+    /// stream, after the work that writes `self` and before anything that later uses the result.
+    /// Otherwise, and between the CPU and a GPU, it goes through host memory.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
+    /// let there = t.to_device(Device::cuda_if_available())?;
+    /// assert_eq!(there.to_vec::<f32>()?, [1.0, 2.0]);
+    /// # Ok(()) }
+    /// ```
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
         if device == self.device {
             return self.copy();
+        }
+        if let (Device::Cuda(from), Device::Cuda(to)) = (self.device, device) {
+            let (src, dst) = (CudaDevice::get(from)?, CudaDevice::get(to)?);
+            if crate::cuda::peer::enable_peer_access(&src, &dst)? {
+                let out = Tensor::uninit_on(&dst.current_stream(), self.shape.clone(), self.dtype)?;
+                storage::copy_to_peer(self, &out)?;
+                return Ok(out);
+            }
         }
         with_element_type!(self.dtype, T => Tensor::from_vec(self.to_vec::<T>()?, self.shape.clone(), device))
     }

@@ -101,8 +101,21 @@ pub(crate) fn with_cuda_ptrs<R>(
 
     let mut guards = Vec::with_capacity(storages.len());
     for (_, storage, write) in &storages {
-        let StorageData::Cuda { bytes, .. } = &storage.data else {
-            return Err(Error::DeviceMismatch { op: "launch", lhs: stream.device().device(), rhs: Device::Cpu });
+        let bytes = match &storage.data {
+            StorageData::Cuda { device, bytes } if device == stream.device() => bytes,
+            // Events of one context cannot be recorded on another's stream, and a kernel may not
+            // be able to reach another device's memory: callers check devices first, and this
+            // keeps a miss from reaching the driver.
+            StorageData::Cuda { device, .. } => {
+                return Err(Error::DeviceMismatch {
+                    op: "launch",
+                    lhs: stream.device().device(),
+                    rhs: device.device(),
+                });
+            }
+            StorageData::Cpu(_) => {
+                return Err(Error::DeviceMismatch { op: "launch", lhs: stream.device().device(), rhs: Device::Cpu });
+            }
         };
         guards.push(if *write { CudaGuard::Write(bytes.write()) } else { CudaGuard::Read(bytes.read_recursive()) });
     }
@@ -133,4 +146,74 @@ pub(crate) fn with_cuda_ptrs<R>(
     drop(syncs);
     drop(guards);
     result
+}
+
+/// Copies all of `src` into `dst`, which live on two different CUDA devices with peer access
+/// enabled between them (see `cuda::peer`), without a host round trip.
+///
+/// The copy runs on `dst`'s device's current stream. That stream first waits for the work that
+/// writes `src` (through an event on `src`'s current stream, as an event can only be recorded on
+/// a stream of its own context), and `src`'s current stream then waits for the copy, so that
+/// `src`'s next writer, which waits for `src`'s last reader, cannot overwrite it mid-copy. `dst`'s
+/// next user waits for the copy through `dst`'s write event.
+pub(crate) fn copy_to_peer(src: &Tensor, dst: &Tensor) -> Result<()> {
+    let op = "Tensor::to_device";
+    let (
+        StorageData::Cuda { device: src_dev, bytes: src_bytes },
+        StorageData::Cuda { device: dst_dev, bytes: dst_bytes },
+    ) = (&src.storage.data, &dst.storage.data)
+    else {
+        return Err(Error::DeviceMismatch { op, lhs: src.device, rhs: dst.device });
+    };
+    let n = src.elem_count();
+    if src_dev == dst_dev || n != dst.elem_count() || src.dtype != dst.dtype {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("a peer copy needs two devices, got {src:?} and {dst:?}"),
+        });
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let size = src.dtype.size_in_bytes();
+    let (src_stream, dst_stream) = (src_dev.current_stream(), dst_dev.current_stream());
+    // Two storages, locked in address order, as `with_cuda_ptrs` does, so that copies in both
+    // directions at once cannot deadlock.
+    let (src_guard, mut dst_guard) = if Arc::as_ptr(&src.storage) < Arc::as_ptr(&dst.storage) {
+        let s = src_bytes.read_recursive();
+        (s, dst_bytes.write())
+    } else {
+        let d = dst_bytes.write();
+        (src_bytes.read_recursive(), d)
+    };
+    let src_err = |call| move |e| src_dev.driver_error(call, e);
+    let dst_err = |call| move |e| dst_dev.driver_error(call, e);
+
+    src_dev.bind()?;
+    let (src_base, src_read) = src_guard.device_ptr(src_stream.raw());
+    let src_ready = src_stream.raw().record_event(None).map_err(src_err("cuEventRecord"))?;
+    dst_stream.raw().wait(&src_ready).map_err(dst_err("cuStreamWaitEvent"))?;
+
+    dst_dev.bind()?;
+    let (dst_base, dst_written) = dst_guard.device_ptr_mut(dst_stream.raw());
+    // SAFETY: both ranges lie inside their live allocations (the tensors' elements), peer access
+    // is enabled both ways, and the stream waits for `src`'s writer and `dst`'s users above.
+    unsafe {
+        cudarc::driver::result::memcpy_peer_async(
+            dst_dev.context().cu_ctx(),
+            dst_base + (dst.offset * size) as u64,
+            src_dev.context().cu_ctx(),
+            src_base + (src.offset * size) as u64,
+            n * size,
+            dst_stream.raw().cu_stream(),
+        )
+    }
+    .map_err(dst_err("cuMemcpyPeerAsync"))?;
+    let copied = dst_stream.raw().record_event(None).map_err(dst_err("cuEventRecord"))?;
+    src_stream.raw().wait(&copied).map_err(src_err("cuStreamWaitEvent"))?;
+    // `src`'s read event is recorded on its stream after that wait, so it covers the copy.
+    drop(dst_written);
+    drop(src_read);
+    dst.storage.bump_version();
+    Ok(())
 }
