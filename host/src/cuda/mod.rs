@@ -5,11 +5,14 @@
 //! * [`Stream`] and [`Event`]: ordering and timing; ops run on the device's current stream.
 //! * [`KernelModule`] and [`Kernel`]: PTX modules (opsmith's embedded one, or third-party PTX).
 //! * [`LaunchConfig`]: checked launch geometry.
+//! * [`require_cublas`]: whether cuBLAS (which `ops::matmul` uses) loads, with the fix if not.
+pub(crate) mod blas;
 mod device;
 mod launch;
 mod module;
 mod stream;
 
+pub use blas::{cublas_available, cublas_handles, require_cublas};
 pub use device::CudaDevice;
 pub use launch::{DEFAULT_BLOCK, KernelArg, LaunchConfig, launch_blocking, len_as_u32};
 pub use module::{EMBEDDED_PTX, EMBEDDED_PTX_ARCH, Kernel, KernelModule};
