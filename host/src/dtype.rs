@@ -87,7 +87,12 @@ pub trait Element: sealed::Sealed + bytemuck::Pod + Copy + Send + Sync + std::fm
 
 /// Arithmetic the CPU backend runs in: f32 or f64.
 pub trait Accumulator:
-    Copy + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> + std::ops::Sub<Output = Self> + PartialOrd
+    Copy
+    + std::ops::Add<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + PartialOrd
+    + ndarray::LinalgScalar
 {
     /// `a * b + c` with one rounding, as the GPU's `fma.rn`.
     fn fma(a: Self, b: Self, c: Self) -> Self;

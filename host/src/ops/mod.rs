@@ -7,12 +7,15 @@
 //!
 //! Arithmetic runs in f32 for f32, f16 and bf16 (in f64 for f64, CPU only), and results are
 //! rounded once to the storage dtype; the CPU and CUDA results are bit-identical for finite
-//! inputs.
+//! inputs, except for the matrix products ([`matmul`], on cuBLAS), which add their products in
+//! another order on each device and agree to within f32 rounding.
 pub(crate) mod check;
 mod cpu;
 mod cuda;
+mod matmul;
 mod reduce;
 
+pub use matmul::{matmul, matmul_into, matmul_t, matmul_t_into};
 pub use reduce::{add_row, expand_scalar, mean, sum, sum_rows};
 
 use crate::{Device, Result, Tensor};
