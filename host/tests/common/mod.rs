@@ -2,6 +2,8 @@
 //! a device, so the same assertions prove both backends.
 #![allow(dead_code)]
 
+pub mod matmul;
+
 use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -70,13 +72,7 @@ impl Op {
             _ => 1.01 * u,
         };
         let store = if dtype == DType::F32 || dtype == DType::F64 { 0.0 } else { dtype.unit_roundoff() };
-        let floor = match dtype {
-            DType::F16 => 2f64.powi(-25),
-            DType::BF16 => 2f64.powi(-134),
-            DType::F32 => 2f64.powi(-150),
-            DType::F64 => 0.0,
-        };
-        arith * scale + store * r.abs() * 1.01 + floor
+        arith * scale + store * r.abs() * 1.01 + subnormal_floor(dtype)
     }
 
     /// The magnitude of the terms that make up output `k`, which bounds the rounding error
@@ -118,6 +114,17 @@ impl Op {
                 vec![a, b]
             }
         })
+    }
+}
+
+/// Half the dtype's smallest subnormal: the least rounding error a tolerance must allow (0 for
+/// f64, whose references are exact at the magnitudes the tests use).
+pub fn subnormal_floor(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-25),
+        DType::BF16 => 2f64.powi(-134),
+        DType::F32 => 2f64.powi(-150),
+        DType::F64 => 0.0,
     }
 }
 
