@@ -45,6 +45,21 @@ fn main() {
         }
     }
 
+    // cuBLAS, which matmul uses on CUDA (the CPU needs none).
+    match cuda::require_cublas("matmul") {
+        Ok(()) => println!("cuBLAS: loads (matmul on CUDA is available)"),
+        Err(opsmith::Error::LibraryMissing { lib, fix, .. }) => {
+            println!("cuBLAS: not found ({lib} could not be loaded)");
+            if cuda::driver_available() {
+                problems.push(("cuBLAS is missing: matmul on CUDA fails; everything else works".into(), fix));
+            } else {
+                // Not a problem without a GPU, but say how to fix it for when there is one.
+                println!("    (needed only for matmul on CUDA; fix: {fix})");
+            }
+        }
+        Err(e) => problems.push((format!("checking for cuBLAS failed: {e}"), "report this as a bug".into())),
+    }
+
     // The toolchain that builds the kernels (needed to build opsmith, not to run it).
     let rustc = Command::new("rustc")
         .arg("--version")

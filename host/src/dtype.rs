@@ -90,7 +90,7 @@ pub trait Element: sealed::Sealed + bytemuck::Pod + Copy + Send + Sync + std::fm
 /// It is [`Real`](opsmith_kernels::real::Real), the type the formulas shared with the kernels
 /// (activations, optimizer steps) are generic over, so the CPU runs them operation for operation
 /// as the GPU does.
-pub trait Accumulator: opsmith_kernels::real::Real {
+pub trait Accumulator: opsmith_kernels::real::Real + ndarray::LinalgScalar {
     /// `a * b + c` with one rounding, as the GPU's `fma.rn`.
     fn fma(a: Self, b: Self, c: Self) -> Self;
     /// Rounds a scalar parameter to this type.

@@ -1,6 +1,7 @@
 //! The one error type of `opsmith-host`. Every variant names the operation (or kernel) and the
 //! offending shape, dtype or device, so a message is enough to find the call that failed.
 use crate::{DType, Device};
+use cudarc::cublas::result::CublasError;
 use cudarc::driver::DriverError;
 
 /// `Result` with [`Error`].
@@ -193,11 +194,12 @@ pub enum Error {
         /// The requested kernel.
         kernel: String,
     },
-    /// A library opsmith loads at run time (like the CUDA driver, but optional) is not on this
-    /// machine; `fix` says how to install it.
-    #[error("{lib} could not be loaded: {fix}")]
+    /// A CUDA library that the op needs (such as cuBLAS) could not be loaded.
+    #[error("{op}: {lib} could not be loaded. Fix: {fix}")]
     LibraryMissing {
-        /// The library's short name, e.g. "nccl".
+        /// The operation.
+        op: &'static str,
+        /// The library, as the loader names it (e.g. `libcublas.so`).
         lib: &'static str,
         /// How to make it loadable.
         fix: String,
@@ -233,6 +235,23 @@ pub enum Error {
         timeout: std::time::Duration,
         /// The ranks it was still waiting for.
         missing: Vec<usize>,
+    },
+    /// A cuBLAS call failed.
+    #[error("{op} on {device}: {call} failed for operands of shapes {lhs:?} and {rhs:?}: {source}")]
+    Blas {
+        /// The operation.
+        op: &'static str,
+        /// The cuBLAS function.
+        call: &'static str,
+        /// The device.
+        device: Device,
+        /// The first operand's shape.
+        lhs: Vec<usize>,
+        /// The second operand's shape.
+        rhs: Vec<usize>,
+        /// cuBLAS's status.
+        #[source]
+        source: CublasError,
     },
     /// A value the caller supplied is not valid for the call.
     #[error("{op}: {reason}")]

@@ -6,12 +6,15 @@
 //! * [`KernelModule`] and [`Kernel`]: PTX modules (opsmith's embedded one, or third-party PTX).
 //! * [`LaunchConfig`]: checked launch geometry.
 //! * [`can_access_peer`]: whether two GPUs of this host reach each other's memory directly.
+//! * [`require_cublas`]: whether cuBLAS (which `ops::matmul` uses) loads, with the fix if not.
+pub(crate) mod blas;
 mod device;
 mod launch;
 mod module;
 pub(crate) mod peer;
 mod stream;
 
+pub use blas::{cublas_available, cublas_handles, require_cublas};
 pub use device::CudaDevice;
 pub use launch::{DEFAULT_BLOCK, KernelArg, LaunchConfig, launch_blocking, len_as_u32};
 pub use module::{EMBEDDED_PTX, EMBEDDED_PTX_ARCH, Kernel, KernelModule};

@@ -35,7 +35,7 @@ fn loaded() -> Result<i32> {
         }
         Ok(version)
     });
-    version.clone().map_err(|fix| Error::LibraryMissing { lib: "nccl", fix })
+    version.clone().map_err(|fix| Error::LibraryMissing { op: "nccl", lib: "nccl", fix })
 }
 
 /// NCCL reads `NCCL_NVLS_ENABLE` when it initialises. NVLink SHARP multicast binds NVSwitch

@@ -38,7 +38,7 @@ pub(crate) fn same_layout(op: &'static str, ts: &[&Tensor]) -> Result<()> {
     same_shape(op, ts)
 }
 
-fn overlaps(a: &Tensor, b: &Tensor) -> bool {
+pub(crate) fn overlaps(a: &Tensor, b: &Tensor) -> bool {
     Arc::ptr_eq(&a.storage, &b.storage) && a.offset < b.offset + b.elem_count() && b.offset < a.offset + a.elem_count()
 }
 

@@ -8,13 +8,15 @@
 //! Arithmetic runs in f32 for f32, f16 and bf16 (in f64 for f64, CPU only), and results are
 //! rounded once to the storage dtype; the CPU and CUDA results are bit-identical for finite
 //! inputs, except for `gelu`, `silu` and their backward, whose exponential differs by a few
-//! ulps between the two (see [`gelu`]).
+//! ulps between the two (see [`gelu`]), and the matrix products ([`matmul`], on cuBLAS), which
+//! add their products in another order on each device and agree to within f32 rounding.
 //!
 //! The optimizer steps ([`sgd_step`], [`adam_step`]) update their tensors in place.
 mod activation;
 pub(crate) mod check;
 mod cpu;
 mod cuda;
+mod matmul;
 mod optim;
 mod reduce;
 
@@ -22,6 +24,7 @@ pub use activation::{
     gelu, gelu_backward, gelu_backward_into, gelu_into, relu, relu_backward, relu_backward_into, relu_into, silu,
     silu_backward, silu_backward_into, silu_into,
 };
+pub use matmul::{matmul, matmul_into, matmul_t, matmul_t_into};
 pub use optim::{AdamStep, SgdStep, adam_step, sgd_step};
 pub use reduce::{add_row, expand_scalar, mean, sum, sum_rows};
 

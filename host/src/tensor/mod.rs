@@ -372,7 +372,7 @@ impl Tensor {
         }
     }
 
-    fn write_values<T: Element>(&self, values: &[T]) -> Result<()> {
+    pub(crate) fn write_values<T: Element>(&self, values: &[T]) -> Result<()> {
         match &self.storage.data {
             StorageData::Cpu(buf) => {
                 let mut buf = buf.write();

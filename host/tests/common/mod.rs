@@ -4,6 +4,7 @@
 
 pub mod activation;
 pub mod optim;
+pub mod matmul;
 
 use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
 use proptest::prelude::*;

@@ -1,0 +1,343 @@
+//! Matrix products: `a [m, k] · b [k, n] → [m, n]`, or a batch of them,
+//! `a [B, m, k] · b [B, k, n] → [B, m, n]`, with either operand read transposed (no copy).
+//! The CPU half runs on `ndarray` (`general_mat_mul`), the CUDA half on cuBLAS
+//! (`cublasGemmStridedBatchedEx`); there is no hand-written GEMM.
+//!
+//! Arithmetic: f32, f16 and bf16 multiply and accumulate in f32 and round once to the output
+//! dtype; f64 in f64 (CPU only, like every op: CUDA has no f64 kernels, so a CUDA f64 matmul is
+//! [`Error::UnsupportedDType`] rather than the one f64 op on the GPU). On CUDA, f32 runs in full
+//! f32 (`CUBLAS_COMPUTE_32F`, TF32 off), so CUDA and the CPU agree to within the f32 rounding of
+//! the sums, but not bit for bit: the two libraries add the products in different orders.
+//!
+//! An empty inner dimension (`k = 0`) gives zeros, the value of an empty sum; an empty `m` or `n`
+//! gives an empty result. Neither calls cuBLAS.
+use super::check;
+use crate::cuda::{CudaDevice, blas, launch_blocking};
+use crate::dtype::{Accumulator, with_element_type};
+use crate::tensor::storage::with_cuda_ptrs;
+use crate::{DType, Device, Element, Error, Result, Shape, Tensor};
+use cudarc::cublas::result::{self as cublas, CublasError};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use ndarray::{ArrayView2, ArrayViewMut2, linalg::general_mat_mul};
+use std::ffi::c_void;
+
+/// `a [m, k] · b [k, n] → [m, n]`; batched, `a [B, m, k] · b [B, k, n] → [B, m, n]`.
+///
+/// Both operands have rank 2, or both rank 3 with the same batch size `B`; the inner dimensions
+/// must agree ([`Error::ShapeMismatch`] otherwise).
+///
+/// f32, f16 and bf16 multiply and accumulate in f32 and round once to the dtype; f64 runs in f64
+/// on the CPU and is [`Error::UnsupportedDType`] on CUDA, like every other op. On CUDA (cuBLAS)
+/// f32 runs in full f32, without TF32, so CUDA and the CPU agree to within the f32 rounding of
+/// the sums, though not bit for bit (they add the products in different orders). `k = 0` gives
+/// zeros (an empty sum), and an empty `m`, `n` or batch an empty tensor.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3], Device::Cpu)?;
+/// let b = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0], [3, 2], Device::Cpu)?;
+/// let c = ops::matmul(&a, &b)?;
+/// assert_eq!(c.dims(), [2, 2]);
+/// assert_eq!(c.to_vec::<f32>()?, [4.0, 5.0, 10.0, 11.0]);
+/// # Ok(()) }
+/// ```
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    product_new("matmul", a, false, b, false)
+}
+
+/// `op(a) · op(b)`, where `op` transposes the last two dimensions of its operand when the flag
+/// is set, without copying it (cuBLAS and `ndarray` read the operand transposed).
+///
+/// The gradients of `c = a · b` for the upstream gradient `g` are
+/// `matmul_t(g, false, b, true)` for `a` and `matmul_t(a, true, g, false)` for `b`. Shapes,
+/// precision and empty sizes as for [`matmul`].
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], Device::Cpu)?;
+/// // aᵀ · a
+/// assert_eq!(ops::matmul_t(&a, true, &a, false)?.to_vec::<f32>()?, [10.0, 14.0, 14.0, 20.0]);
+/// // a · aᵀ
+/// assert_eq!(ops::matmul_t(&a, false, &a, true)?.to_vec::<f32>()?, [5.0, 11.0, 11.0, 25.0]);
+/// # Ok(()) }
+/// ```
+pub fn matmul_t(a: &Tensor, transpose_a: bool, b: &Tensor, transpose_b: bool) -> Result<Tensor> {
+    product_new("matmul_t", a, transpose_a, b, transpose_b)
+}
+
+/// `out = a · b`, into an existing tensor of the product's shape. `out` may not share memory
+/// with `a` or `b` (a product cannot be computed in place).
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, DType, Device, Tensor};
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0], [1, 2], Device::Cpu)?;
+/// let b = Tensor::from_vec(vec![3.0f32, 4.0], [2, 1], Device::Cpu)?;
+/// let out = Tensor::zeros([1, 1], DType::F32, Device::Cpu)?;
+/// ops::matmul_into(&a, &b, &out)?;
+/// assert_eq!(out.to_vec::<f32>()?, [11.0]);
+/// # Ok(()) }
+/// ```
+pub fn matmul_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+    product_into("matmul_into", a, false, b, false, out)
+}
+
+/// `out = op(a) · op(b)` (see [`matmul_t`]), into an existing tensor of the product's shape.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, DType, Device, Tensor};
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0], [1, 2], Device::Cpu)?;
+/// let out = Tensor::zeros([2, 2], DType::F32, Device::Cpu)?;
+/// ops::matmul_t_into(&a, true, &a, false, &out)?; // aᵀ · a
+/// assert_eq!(out.to_vec::<f32>()?, [1.0, 2.0, 2.0, 4.0]);
+/// # Ok(()) }
+/// ```
+pub fn matmul_t_into(a: &Tensor, transpose_a: bool, b: &Tensor, transpose_b: bool, out: &Tensor) -> Result<()> {
+    product_into("matmul_t_into", a, transpose_a, b, transpose_b, out)
+}
+
+/// One checked product: the operands' layout and the sizes of `op(a) [m, k] · op(b) [k, n]`.
+struct Product {
+    op: &'static str,
+    /// 1 for 2-D operands.
+    batch: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    transpose_a: bool,
+    transpose_b: bool,
+    /// `[m, n]`, or `[batch, m, n]` for 3-D operands.
+    out_dims: Vec<usize>,
+}
+
+impl Product {
+    fn new(op: &'static str, a: &Tensor, transpose_a: bool, b: &Tensor, transpose_b: bool) -> Result<Self> {
+        check::same_device(op, &[a, b])?;
+        check::same_dtype(op, &[a, b])?;
+        let (batch, rows_a, cols_a) = batch_and_matrix(op, a)?;
+        let (batch_b, rows_b, cols_b) = batch_and_matrix(op, b)?;
+        let (m, k) = if transpose_a { (cols_a, rows_a) } else { (rows_a, cols_a) };
+        let (k_b, n) = if transpose_b { (cols_b, rows_b) } else { (rows_b, cols_b) };
+        if a.dims().len() != b.dims().len() || batch != batch_b || k != k_b {
+            return Err(Error::ShapeMismatch { op, lhs: a.dims().to_vec(), rhs: b.dims().to_vec() });
+        }
+        let out_dims = if a.dims().len() == 3 { vec![batch, m, n] } else { vec![m, n] };
+        if a.dtype() == DType::F64 && a.device().is_cuda() {
+            return Err(Error::UnsupportedDType { op, dtype: DType::F64, device: a.device() });
+        }
+        Ok(Self { op, batch, m, k, n, transpose_a, transpose_b, out_dims })
+    }
+
+    /// `a` as stored: `[m, k]`, or `[k, m]` when it is read transposed.
+    fn a_stored(&self) -> (usize, usize) {
+        if self.transpose_a { (self.k, self.m) } else { (self.m, self.k) }
+    }
+
+    /// `b` as stored: `[k, n]`, or `[n, k]` when it is read transposed.
+    fn b_stored(&self) -> (usize, usize) {
+        if self.transpose_b { (self.n, self.k) } else { (self.k, self.n) }
+    }
+
+    /// Whether the result has no elements or is all zeros (an empty sum): no library call.
+    fn is_trivial(&self) -> bool {
+        self.batch == 0 || self.m == 0 || self.n == 0 || self.k == 0
+    }
+}
+
+/// (batch, rows, cols) of a 2-D matrix (batch 1) or a 3-D batch of matrices.
+fn batch_and_matrix(op: &'static str, t: &Tensor) -> Result<(usize, usize, usize)> {
+    match *t.dims() {
+        [rows, cols] => Ok((1, rows, cols)),
+        [batch, rows, cols] => Ok((batch, rows, cols)),
+        _ => Err(Error::InvalidArgument {
+            op,
+            reason: format!("expects 2-D matrices or 3-D batches of matrices, got shape {:?}", t.dims()),
+        }),
+    }
+}
+
+fn product_new(op: &'static str, a: &Tensor, transpose_a: bool, b: &Tensor, transpose_b: bool) -> Result<Tensor> {
+    let p = Product::new(op, a, transpose_a, b, transpose_b)?;
+    let shape = Shape::from(p.out_dims.clone());
+    if p.is_trivial() {
+        return Tensor::zeros(shape, a.dtype(), a.device());
+    }
+    let out = Tensor::empty(shape, a.dtype(), a.device())?;
+    compute(&p, a, b, &out)?;
+    Ok(out)
+}
+
+fn product_into(
+    op: &'static str,
+    a: &Tensor,
+    transpose_a: bool,
+    b: &Tensor,
+    transpose_b: bool,
+    out: &Tensor,
+) -> Result<()> {
+    let p = Product::new(op, a, transpose_a, b, transpose_b)?;
+    check::same_device(op, &[a, out])?;
+    check::same_dtype(op, &[a, out])?;
+    if out.dims() != p.out_dims.as_slice() {
+        return Err(Error::ShapeMismatch { op, lhs: p.out_dims, rhs: out.dims().to_vec() });
+    }
+    if check::overlaps(out, a) || check::overlaps(out, b) {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: "the output shares memory with an input; a matrix product cannot be computed in place".into(),
+        });
+    }
+    if p.is_trivial() {
+        return if out.elem_count() == 0 { Ok(()) } else { out.fill_(0.0) };
+    }
+    compute(&p, a, b, out)
+}
+
+/// Runs a checked, non-trivial product on the operands' device.
+fn compute(p: &Product, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+    match a.device() {
+        Device::Cpu => with_element_type!(a.dtype(), T => cpu::<T>(p, a, b, out)),
+        Device::Cuda(ordinal) => cuda(p, ordinal, a, b, out),
+    }
+}
+
+/// The CPU half: each matrix of the batch through `general_mat_mul` in the arithmetic type
+/// (f32, or f64 for f64), rounded once to the storage dtype at the end.
+fn cpu<T: Element>(p: &Product, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+    let widen = |t: &Tensor| -> Result<Vec<T::Acc>> { Ok(t.to_vec::<T>()?.into_iter().map(T::to_acc).collect()) };
+    let (a_values, b_values) = (widen(a)?, widen(b)?);
+    let (a_shape, b_shape) = (p.a_stored(), p.b_stored());
+    let (zero, one) = (T::Acc::from_f64(0.0), T::Acc::from_f64(1.0));
+    let mut c_values = vec![zero; p.batch * p.m * p.n];
+    // Every length is non-zero here (`is_trivial` is false), as `chunks_exact` requires.
+    let batches = a_values
+        .chunks_exact(a_shape.0 * a_shape.1)
+        .zip(b_values.chunks_exact(b_shape.0 * b_shape.1))
+        .zip(c_values.chunks_exact_mut(p.m * p.n));
+    for ((a_i, b_i), c_i) in batches {
+        let a_i = matrix(p.op, a_i, a_shape, p.transpose_a)?;
+        let b_i = matrix(p.op, b_i, b_shape, p.transpose_b)?;
+        let mut c_i = ArrayViewMut2::from_shape((p.m, p.n), c_i).map_err(|e| layout_error(p.op, e))?;
+        general_mat_mul(one, &a_i, &b_i, zero, &mut c_i);
+    }
+    let rounded: Vec<T> = c_values.into_iter().map(T::from_acc).collect();
+    out.write_values(&rounded)
+}
+
+/// A stored row-major matrix as a 2-D view, transposed (by swapping its strides) if asked.
+fn matrix<'a, A>(op: &'static str, data: &'a [A], shape: (usize, usize), transpose: bool) -> Result<ArrayView2<'a, A>> {
+    let view = ArrayView2::from_shape(shape, data).map_err(|e| layout_error(op, e))?;
+    Ok(if transpose { view.reversed_axes() } else { view })
+}
+
+fn layout_error(op: &'static str, e: ndarray::ShapeError) -> Error {
+    Error::InvalidArgument { op, reason: format!("matrix layout: {e}") }
+}
+
+/// A size as cuBLAS's `int`, or [`Error::TooLarge`].
+fn blas_int(op: &'static str, what: &str, value: usize) -> Result<i32> {
+    i32::try_from(value).map_err(|_| Error::TooLarge {
+        op: format!("{op} ({what} for cuBLAS)"),
+        elements: value as u64,
+        limit: i32::MAX as u64,
+    })
+}
+
+/// A batch stride as cuBLAS's `long long`, or [`Error::TooLarge`].
+fn blas_stride(op: &'static str, value: usize) -> Result<i64> {
+    i64::try_from(value).map_err(|_| Error::TooLarge {
+        op: format!("{op} (batch stride for cuBLAS)"),
+        elements: value as u64,
+        limit: i64::MAX as u64,
+    })
+}
+
+/// The CUDA half: one `cublasGemmStridedBatchedEx` over the whole batch, storage in the tensor
+/// dtype and compute in f32.
+///
+/// cuBLAS is column-major and a row-major matrix read column-major is its transpose, so the
+/// row-major `C = op(A)·op(B)` is computed as the column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`: `b` goes
+/// first, each operand's transpose flag becomes its cuBLAS op flag, and each leading dimension
+/// is the operand's stored row length. Nothing is copied.
+fn cuda(p: &Product, ordinal: usize, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+    let data_type = match a.dtype() {
+        DType::F32 => cudaDataType::CUDA_R_32F,
+        DType::F16 => cudaDataType::CUDA_R_16F,
+        DType::BF16 => cudaDataType::CUDA_R_16BF,
+        DType::F64 => return Err(Error::UnsupportedDType { op: p.op, dtype: DType::F64, device: a.device() }),
+    };
+    let op = p.op;
+    let (m, n, k) = (blas_int(op, "m", p.m)?, blas_int(op, "n", p.n)?, blas_int(op, "k", p.k)?);
+    let batch = blas_int(op, "batch", p.batch)?;
+    let (a_stored, b_stored) = (p.a_stored(), p.b_stored());
+    let lda = blas_int(op, "leading dimension of a", a_stored.1)?;
+    let ldb = blas_int(op, "leading dimension of b", b_stored.1)?;
+    let stride_a = blas_stride(op, a_stored.0 * a_stored.1)?;
+    let stride_b = blas_stride(op, b_stored.0 * b_stored.1)?;
+    let stride_c = blas_stride(op, p.m * p.n)?;
+    let flag = |transpose| if transpose { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+
+    blas::require_cublas(op)?;
+    let device = CudaDevice::get(ordinal)?;
+    let stream = device.current_stream();
+    let blas_error = |call: &'static str, source: CublasError| Error::Blas {
+        op,
+        call,
+        device: a.device(),
+        lhs: a.dims().to_vec(),
+        rhs: b.dims().to_vec(),
+        source,
+    };
+    // CUBLAS_COMPUTE_32F takes f32 scaling factors, read from the host before the call returns.
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    with_cuda_ptrs(&stream, &[a, b], &[out], |reads, writes| {
+        blas::with_handle(&stream, &blas_error, |handle| {
+            // SAFETY: `reads` and `writes` point at the first elements of a, b and out on this
+            // device, valid while `with_cuda_ptrs` holds them and ordered on `stream`, the
+            // handle's stream. With the strides and leading dimensions above, cuBLAS touches
+            // exactly batch·m·k elements of a, batch·k·n of b and batch·m·n of out, which is
+            // what `Product::new` and the output shape check guarantee each tensor holds; out
+            // overlaps neither input (checked), and beta = 0 means out is written, never read.
+            // Pointers need only element alignment, which every tensor view has.
+            unsafe {
+                cublas::gemm_strided_batched_ex(
+                    handle,
+                    flag(p.transpose_b),
+                    flag(p.transpose_a),
+                    n,
+                    m,
+                    k,
+                    &alpha as *const f32 as *const c_void,
+                    reads[1] as *const c_void,
+                    data_type,
+                    ldb,
+                    stride_b,
+                    reads[0] as *const c_void,
+                    data_type,
+                    lda,
+                    stride_a,
+                    &beta as *const f32 as *const c_void,
+                    writes[0] as *mut c_void,
+                    data_type,
+                    n,
+                    stride_c,
+                    batch,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|source| blas_error("cublasGemmStridedBatchedEx", source))?;
+            if launch_blocking() {
+                stream.raw().synchronize().map_err(|source| Error::KernelFault {
+                    kernel: "cublasGemmStridedBatchedEx".into(),
+                    device: a.device(),
+                    source,
+                })?;
+            }
+            Ok(())
+        })
+    })
+}

@@ -1,0 +1,323 @@
+//! Matrix-product cases shared by the CPU suite (`matmul.rs`) and the GPU suite
+//! (`gpu_matmul.rs`): every case takes a device, and checks against a naive f64 triple loop.
+use super::{SENTINEL, padded_view, random_values, supported, tensor, values};
+use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
+use rand::{SeedableRng, rngs::StdRng};
+
+/// One product's sizes: `op(a) [m, k] · op(b) [k, n]`, as 3-D batches when `batch` is `Some`.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    pub batch: Option<usize>,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+}
+
+impl Dims {
+    pub const fn new(m: usize, k: usize, n: usize) -> Self {
+        Self { batch: None, m, k, n }
+    }
+
+    pub const fn batched(batch: usize, m: usize, k: usize, n: usize) -> Self {
+        Self { batch: Some(batch), m, k, n }
+    }
+
+    pub fn count(&self) -> usize {
+        self.batch.unwrap_or(1)
+    }
+
+    fn with_batch(&self, rows: usize, cols: usize) -> Vec<usize> {
+        match self.batch {
+            Some(b) => vec![b, rows, cols],
+            None => vec![rows, cols],
+        }
+    }
+
+    /// `a` as stored: `[m, k]`, or `[k, m]` when read transposed.
+    pub fn a_dims(&self, transpose: bool) -> Vec<usize> {
+        if transpose { self.with_batch(self.k, self.m) } else { self.with_batch(self.m, self.k) }
+    }
+
+    /// `b` as stored: `[k, n]`, or `[n, k]` when read transposed.
+    pub fn b_dims(&self, transpose: bool) -> Vec<usize> {
+        if transpose { self.with_batch(self.n, self.k) } else { self.with_batch(self.k, self.n) }
+    }
+
+    pub fn out_dims(&self) -> Vec<usize> {
+        self.with_batch(self.m, self.n)
+    }
+}
+
+/// 1×1×1, a few odd sizes (none a multiple of 8), a k of 1, and a batch.
+pub const SHAPES: [Dims; 5] =
+    [Dims::new(1, 1, 1), Dims::new(3, 5, 7), Dims::new(17, 1, 9), Dims::new(64, 33, 65), Dims::batched(4, 5, 6, 3)];
+
+/// Element offsets of the operands' views: 0 keeps allocations' alignment, 1 and 3 break 16-byte
+/// (and for f16/bf16, 4-byte) alignment.
+pub const OFFSETS: [usize; 3] = [0, 1, 3];
+
+pub const TRANSPOSES: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
+
+/// `op(a) · op(b)` by the definition, in f64, with each element's sum of |products| (the scale
+/// of its rounding error), for operands stored row-major as [`Dims::a_dims`] and
+/// [`Dims::b_dims`] say.
+pub fn reference(a: &[f64], ta: bool, b: &[f64], tb: bool, d: Dims) -> (Vec<f64>, Vec<f64>) {
+    let (m, k, n) = (d.m, d.k, d.n);
+    let mut out = Vec::with_capacity(d.count() * m * n);
+    let mut scale = Vec::with_capacity(out.capacity());
+    for p in 0..d.count() {
+        let (a, b) = (&a[p * m * k..], &b[p * k * n..]);
+        for i in 0..m {
+            for j in 0..n {
+                let (mut sum, mut magnitude) = (0.0, 0.0);
+                for l in 0..k {
+                    let x = if ta { a[l * m + i] } else { a[i * k + l] };
+                    let y = if tb { b[j * k + l] } else { b[l * n + j] };
+                    sum += x * y;
+                    magnitude += (x * y).abs();
+                }
+                out.push(sum);
+                scale.push(magnitude);
+            }
+        }
+    }
+    (out, scale)
+}
+
+/// The largest error allowed for an element whose reference is `r` and whose products sum to
+/// `scale` in magnitude: k+1 roundings of the arithmetic type on the way (any summation order),
+/// one rounding to f16/bf16 at the end, and half the dtype's smallest subnormal.
+pub fn tolerance(dtype: DType, k: usize, r: f64, scale: f64) -> f64 {
+    let arith = if dtype == DType::F64 { DType::F64 } else { DType::F32 }.unit_roundoff();
+    let store = match dtype {
+        DType::F16 | DType::BF16 => dtype.unit_roundoff() * r.abs(),
+        DType::F32 | DType::F64 => 0.0,
+    };
+    (k as f64 + 1.0) * arith * scale * 1.01 + store * 1.01 + super::store_floor(dtype)
+}
+
+/// Asserts every element of `got` is within [`tolerance`] of the reference.
+pub fn assert_close(got: &[f64], reference: &[f64], scale: &[f64], dtype: DType, k: usize, context: &str) {
+    assert_eq!(got.len(), reference.len(), "{context}: element count");
+    for (i, ((&g, &r), &s)) in got.iter().zip(reference).zip(scale).enumerate() {
+        let tol = tolerance(dtype, k, r, s);
+        assert!((g - r).abs() <= tol, "{context}: element {i} = {g:e}, f64 reference {r:e}, tolerance {tol:e}");
+    }
+}
+
+/// A view of `values` at element `offset` of a larger buffer, with shape `dims`.
+pub fn operand(values: &[f64], dims: &[usize], offset: usize, dtype: DType, device: Device) -> Result<Tensor> {
+    let mut data = vec![1.0; offset];
+    data.extend_from_slice(values);
+    tensor(&data, dtype, device)?.narrow(offset, values.len())?.reshape(dims.to_vec())
+}
+
+/// `matmul`/`matmul_t` (functional), whichever the flags call for.
+pub fn product(a: &Tensor, ta: bool, b: &Tensor, tb: bool) -> Result<Tensor> {
+    if !ta && !tb { ops::matmul(a, b) } else { ops::matmul_t(a, ta, b, tb) }
+}
+
+/// `matmul_into`/`matmul_t_into`, whichever the flags call for.
+pub fn product_into(a: &Tensor, ta: bool, b: &Tensor, tb: bool, out: &Tensor) -> Result<()> {
+    if !ta && !tb { ops::matmul_into(a, b, out) } else { ops::matmul_t_into(a, ta, b, tb, out) }
+}
+
+/// One dtype, shape, transpose pair and offset: random operands at `offset`, the functional form
+/// and the `_into` form (into a NaN-poisoned view at `offset` of a sentinel-padded buffer)
+/// against f64, nothing written outside the output view, the inputs unchanged.
+pub fn check_product(
+    device: Device,
+    dtype: DType,
+    d: Dims,
+    (ta, tb): (bool, bool),
+    offset: usize,
+    seed: u64,
+) -> Result<()> {
+    let context = format!("{dtype} on {device}, {d:?}, transposes {ta}/{tb}, offset {offset}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let a_values = random_values(&mut rng, d.count() * d.m * d.k, dtype);
+    let b_values = random_values(&mut rng, d.count() * d.k * d.n, dtype);
+    // Different offsets for the two operands, so that aligned and unaligned pointers mix.
+    let a = operand(&a_values, &d.a_dims(ta), offset, dtype, device)?;
+    let b = operand(&b_values, &d.b_dims(tb), (offset * 2) % 4, dtype, device)?;
+    let out_len = d.count() * d.m * d.n;
+    let (out_buf, out_view) = padded_view(out_len, offset, f64::NAN, dtype, device)?;
+    let out = out_view.reshape(d.out_dims())?;
+
+    if !supported(dtype, device) {
+        let err = product(&a, ta, &b, tb).expect_err("f64 has no CUDA matmul");
+        assert!(matches!(err, Error::UnsupportedDType { dtype: DType::F64, .. }), "{context}: {err}");
+        let err = product_into(&a, ta, &b, tb, &out).expect_err("f64 has no CUDA matmul");
+        assert!(matches!(err, Error::UnsupportedDType { dtype: DType::F64, .. }), "{context}: {err}");
+        return Ok(());
+    }
+    let (expected, scale) = reference(&a_values, ta, &b_values, tb, d);
+
+    let fresh = product(&a, ta, &b, tb)?;
+    assert_eq!(fresh.dims(), d.out_dims().as_slice(), "{context}");
+    assert_eq!(fresh.dtype(), dtype);
+    assert_close(&values(&fresh)?, &expected, &scale, dtype, d.k, &format!("{context}, functional"));
+
+    product_into(&a, ta, &b, tb, &out)?;
+    assert_close(&values(&out)?, &expected, &scale, dtype, d.k, &format!("{context}, into"));
+    let all = values(&out_buf)?;
+    assert!(
+        all[..offset].iter().chain(&all[offset + out_len..]).all(|&v| v == SENTINEL),
+        "{context}: wrote outside its output view"
+    );
+    assert_eq!(values(&a)?, a_values, "{context}: a changed");
+    assert_eq!(values(&b)?, b_values, "{context}: b changed");
+    Ok(())
+}
+
+/// Every dtype × shape × transpose pair × offset on `device`.
+pub fn products_against_f64(device: Device) -> Result<()> {
+    let mut seed = 5000;
+    for dtype in super::DTYPES {
+        for d in SHAPES {
+            for transposes in TRANSPOSES {
+                for offset in OFFSETS {
+                    seed += 1;
+                    check_product(device, dtype, d, transposes, offset, seed)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The product's definition on a case small enough to check by hand, on every dtype.
+pub fn small_product_by_hand(device: Device) -> Result<()> {
+    for dtype in super::DTYPES.into_iter().filter(|&dt| supported(dt, device)) {
+        // [[1, 2, 3], [4, 5, 6]] · [[7, 8], [9, 10], [11, 12]]
+        let a = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3], dtype, device)?;
+        let b = Tensor::from_f64(&[7.0, 8.0, 9.0, 10.0, 11.0, 12.0], [3, 2], dtype, device)?;
+        assert_eq!(values(&ops::matmul(&a, &b)?)?, [58.0, 64.0, 139.0, 154.0], "{dtype} on {device}");
+        // bᵀ · aᵀ = (a · b)ᵀ
+        assert_eq!(values(&ops::matmul_t(&b, true, &a, true)?)?, [58.0, 139.0, 64.0, 154.0], "{dtype} on {device}");
+    }
+    Ok(())
+}
+
+/// k = 0 gives zeros of shape [m, n] (an empty sum), also into a poisoned output; an empty m, n
+/// or batch gives an empty tensor of the product's shape.
+pub fn empty_products(device: Device) -> Result<()> {
+    for dtype in super::DTYPES.into_iter().filter(|&dt| supported(dt, device)) {
+        for (ta, tb) in TRANSPOSES {
+            let zero_k = Dims::new(3, 0, 4);
+            let a = Tensor::zeros(zero_k.a_dims(ta), dtype, device)?;
+            let b = Tensor::zeros(zero_k.b_dims(tb), dtype, device)?;
+            let c = product(&a, ta, &b, tb)?;
+            assert_eq!(c.dims(), [3, 4]);
+            assert_eq!(values(&c)?, [0.0; 12], "{dtype} on {device}: k = 0 is an empty sum");
+            let out = Tensor::full(f64::NAN, [3, 4], dtype, device)?;
+            product_into(&a, ta, &b, tb, &out)?;
+            assert_eq!(values(&out)?, [0.0; 12], "{dtype} on {device}: k = 0 into a poisoned output");
+
+            for d in [Dims::new(0, 5, 4), Dims::new(3, 5, 0), Dims::batched(0, 2, 3, 4), Dims::batched(2, 0, 0, 3)] {
+                let a = Tensor::zeros(d.a_dims(ta), dtype, device)?;
+                let b = Tensor::zeros(d.b_dims(tb), dtype, device)?;
+                let c = product(&a, ta, &b, tb)?;
+                assert_eq!(c.dims(), d.out_dims().as_slice(), "{dtype} on {device}: {d:?}");
+                assert_eq!(c.elem_count(), d.count() * d.m * d.n);
+                let out = Tensor::zeros(d.out_dims(), dtype, device)?;
+                product_into(&a, ta, &b, tb, &out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bad operands are typed errors naming the op and the shapes; nothing is written.
+pub fn matmul_errors(device: Device) -> Result<()> {
+    let t = |dims: &[usize], dtype: DType| -> Result<Tensor> {
+        let n = dims.iter().product::<usize>();
+        let values: Vec<f64> = (0..n).map(|i| i as f64 * 0.5 - 1.0).collect();
+        Tensor::from_f64(&values, dims.to_vec(), dtype, device)
+    };
+    let shape_mismatch = |result: Result<Tensor>, op: &str, lhs: &[usize], rhs: &[usize]| match result {
+        Err(Error::ShapeMismatch { op: o, lhs: l, rhs: r }) => {
+            assert_eq!((o, l.as_slice(), r.as_slice()), (op, lhs, rhs));
+        }
+        other => panic!("expected a shape mismatch of {lhs:?} and {rhs:?}, got {other:?}"),
+    };
+    let a = t(&[2, 3], DType::F32)?;
+    let a_values = values(&a)?;
+    // Inner dimensions.
+    shape_mismatch(ops::matmul(&a, &t(&[2, 3], DType::F32)?), "matmul", &[2, 3], &[2, 3]);
+    shape_mismatch(ops::matmul_t(&a, true, &t(&[3, 2], DType::F32)?, false), "matmul_t", &[2, 3], &[3, 2]);
+    // Rank 2 against rank 3, and batch sizes.
+    shape_mismatch(ops::matmul(&a, &t(&[1, 3, 2], DType::F32)?), "matmul", &[2, 3], &[1, 3, 2]);
+    shape_mismatch(
+        ops::matmul(&t(&[2, 2, 3], DType::F32)?, &t(&[3, 3, 2], DType::F32)?),
+        "matmul",
+        &[2, 2, 3],
+        &[3, 3, 2],
+    );
+    // Ranks other than 2 and 3.
+    for dims in [&[6][..], &[1, 1, 2, 3][..], &[][..]] {
+        let odd = t(dims, DType::F32)?;
+        match ops::matmul(&odd, &odd) {
+            Err(e @ Error::InvalidArgument { op: "matmul", .. }) => {
+                assert!(e.to_string().contains(&format!("{dims:?}")), "{e}")
+            }
+            other => panic!("rank {}: expected InvalidArgument, got {other:?}", dims.len()),
+        }
+    }
+    // Dtypes.
+    match ops::matmul(&a, &t(&[3, 2], DType::BF16)?) {
+        Err(Error::DTypeMismatch { op: "matmul", lhs: DType::F32, rhs: DType::BF16 }) => {}
+        other => panic!("expected a dtype mismatch, got {other:?}"),
+    }
+    // Outputs: shape, dtype, and memory shared with an input.
+    let b = t(&[3, 4], DType::F32)?;
+    let out = Tensor::full(f64::NAN, [2, 5], DType::F32, device)?;
+    match ops::matmul_into(&a, &b, &out) {
+        Err(Error::ShapeMismatch { op: "matmul_into", lhs, rhs }) => assert_eq!((lhs, rhs), (vec![2, 4], vec![2, 5])),
+        other => panic!("expected a shape mismatch of the output, got {other:?}"),
+    }
+    let out_h = Tensor::zeros([2, 4], DType::F16, device)?;
+    assert!(matches!(ops::matmul_into(&a, &b, &out_h), Err(Error::DTypeMismatch { op: "matmul_into", .. })));
+    let square = t(&[3, 3], DType::F32)?;
+    let square_values = values(&square)?;
+    match ops::matmul_t_into(&square, true, &square, false, &square) {
+        Err(e @ Error::InvalidArgument { op: "matmul_t_into", .. }) => {
+            assert!(e.to_string().contains("in place"), "{e}")
+        }
+        other => panic!("expected an in-place error, got {other:?}"),
+    }
+    // A disjoint view of the same buffer is a fine output.
+    let buf = t(&[2 * 3 + 2 * 4], DType::F32)?;
+    let (lhs, dst) = (buf.narrow(0, 6)?.reshape([2, 3])?, buf.narrow(6, 8)?.reshape([2, 4])?);
+    ops::matmul_into(&lhs, &b, &dst)?;
+    let (expected, scale) = reference(&values(&lhs)?, false, &values(&b)?, false, Dims::new(2, 3, 4));
+    assert_close(&values(&dst)?, &expected, &scale, DType::F32, 3, "disjoint view of the input's buffer");
+
+    assert!(values(&out)?.iter().all(|v| v.is_nan()), "a rejected call wrote its output");
+    assert_eq!(values(&a)?, a_values, "an input changed");
+    assert_eq!(values(&square)?, square_values, "an input changed");
+    Ok(())
+}
+
+/// Lists the shared matmul cases, for the suites to run.
+#[macro_export]
+macro_rules! matmul_cases {
+    ($device:expr) => {
+        #[test]
+        fn products_against_f64() -> opsmith_host::Result<()> {
+            common::matmul::products_against_f64($device)
+        }
+        #[test]
+        fn small_product_by_hand() -> opsmith_host::Result<()> {
+            common::matmul::small_product_by_hand($device)
+        }
+        #[test]
+        fn empty_products() -> opsmith_host::Result<()> {
+            common::matmul::empty_products($device)
+        }
+        #[test]
+        fn matmul_errors() -> opsmith_host::Result<()> {
+            common::matmul::matmul_errors($device)
+        }
+    };
+}
