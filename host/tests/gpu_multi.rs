@@ -13,6 +13,7 @@ use opsmith_host::dist::{self, Communicator, UniqueId};
 use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
 use rand::{SeedableRng, rngs::StdRng};
 use std::net::{SocketAddr, TcpListener};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 const GPU: Device = Device::Cuda(0);
@@ -28,15 +29,20 @@ fn two_gpus(test: &str) -> Option<usize> {
     Some(count)
 }
 
-/// Whether NCCL loads; fails the test instead of skipping it when `OPSMITH_REQUIRE_NCCL=1`.
-fn nccl(test: &str) -> bool {
+/// The NCCL tests run one at a time: communicators of different tests share GPU 0, and
+/// collectives of two communicators interleaved on one device are how NCCL programs deadlock.
+static ONE_COMMUNICATOR_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The NCCL lock when NCCL loads, else `None` after saying why; fails the test instead of
+/// skipping it when `OPSMITH_REQUIRE_NCCL=1`.
+fn nccl(test: &str) -> Option<MutexGuard<'static, ()>> {
     if dist::nccl_available() {
-        return true;
+        return Some(ONE_COMMUNICATOR_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner()));
     }
     let why = dist::nccl_version().err().map(|e| e.to_string()).unwrap_or_default();
     assert!(std::env::var("OPSMITH_REQUIRE_NCCL").as_deref() != Ok("1"), "NCCL is required: {why}");
     println!("skipped {test}: {why}");
-    false
+    None
 }
 
 fn loopback() -> SocketAddr {
@@ -127,9 +133,7 @@ fn cuda_and_cpu_operands_are_a_device_mismatch() -> Result<()> {
 /// rank's own values, bit for bit, in every dtype, on the default stream and on another one.
 #[test]
 fn a_world_of_one_leaves_values_unchanged() -> Result<()> {
-    if !nccl("a_world_of_one_leaves_values_unchanged") {
-        return Ok(());
-    }
+    let Some(_one) = nccl("a_world_of_one_leaves_values_unchanged") else { return Ok(()) };
     let id = dist::bootstrap_tcp(0, 1, loopback(), Duration::from_secs(10))?;
     let comm = Communicator::new(GPU, 0, 1, &id)?;
     assert_eq!((comm.rank(), comm.world_size(), comm.device()), (0, 1, GPU));
@@ -165,9 +169,7 @@ fn a_world_of_one_leaves_values_unchanged() -> Result<()> {
 /// Bad operands fail before NCCL sees them.
 #[test]
 fn collective_operand_errors() -> Result<()> {
-    if !nccl("collective_operand_errors") {
-        return Ok(());
-    }
+    let Some(_one) = nccl("collective_operand_errors") else { return Ok(()) };
     let comm = Communicator::new(GPU, 0, 1, &UniqueId::new()?)?;
     let gpu = Tensor::full(1.0, [8], DType::F32, GPU)?;
     let cpu = Tensor::full(1.0, [8], DType::F32, Device::Cpu)?;
@@ -248,9 +250,7 @@ fn operands_on_two_gpus_are_a_device_mismatch() -> Result<()> {
 #[test]
 fn all_reduce_over_every_gpu_matches_the_f64_mean() -> Result<()> {
     let Some(world) = two_gpus("all_reduce_over_every_gpu_matches_the_f64_mean") else { return Ok(()) };
-    if !nccl("all_reduce_over_every_gpu_matches_the_f64_mean") {
-        return Ok(());
-    }
+    let Some(_one) = nccl("all_reduce_over_every_gpu_matches_the_f64_mean") else { return Ok(()) };
     let addr = loopback();
     let inputs: Vec<Vec<Vec<f64>>> = (0..world)
         .map(|rank| {
