@@ -37,6 +37,7 @@ fn main() {
                 for ordinal in 0..n {
                     describe(ordinal, &mut problems);
                 }
+                peers(n);
             }
             Err(e) => problems.push((
                 format!("counting devices failed: {e}"),
@@ -58,6 +59,20 @@ fn main() {
             }
         }
         Err(e) => problems.push((format!("checking for cuBLAS failed: {e}"), "report this as a bug".into())),
+    }
+
+    // NCCL, for several GPUs (opsmith::host::dist); everything else works without it.
+    match opsmith::host::dist::nccl_version() {
+        Ok((major, minor, patch)) => println!("NCCL: {major}.{minor}.{patch} loads (multi-GPU collectives available)"),
+        Err(opsmith::Error::LibraryMissing { fix, .. }) => {
+            println!("NCCL: not loadable (only needed for several GPUs)");
+            if cuda::driver_available() {
+                problems.push(("NCCL cannot be loaded, so opsmith::host::dist cannot run collectives".into(), fix));
+            } else {
+                println!("    (needed only for collectives between GPUs; fix: {fix})");
+            }
+        }
+        Err(e) => problems.push((format!("NCCL: {e}"), "reinstall NCCL".into())),
     }
 
     // The toolchain that builds the kernels (needed to build opsmith, not to run it).
@@ -135,5 +150,16 @@ fn describe(ordinal: usize, problems: &mut Vec<(String, String)>) {
             format!("cuda:{ordinal} rejects the embedded PTX: {e}"),
             "the driver is older than the PTX ISA version above: update the NVIDIA driver, or rebuild with OPSMITH_PTX_ARCH set to an older target".into(),
         )),
+    }
+}
+
+/// Which pairs of GPUs copy to each other directly (`Tensor::to_device` between them skips the
+/// host); the others stage through host memory, which works but is slower.
+fn peers(n: usize) {
+    for a in 0..n {
+        for b in a + 1..n {
+            let direct = cuda::can_access_peer(a, b).unwrap_or(false) && cuda::can_access_peer(b, a).unwrap_or(false);
+            println!("cuda:{a} <-> cuda:{b}: {}", if direct { "peer-to-peer" } else { "through the host" });
+        }
     }
 }

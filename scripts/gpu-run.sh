@@ -10,6 +10,9 @@ what=${1:-all}
 logs=${LOG_DIR:-$here/logs}
 mkdir -p "$logs"
 summary=()
+# opsmith sets it itself before NCCL starts; set here too so no test thread changes the
+# environment while others run. NVLink multicast can take shared GPUs out of service.
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 
 run() { # name, command...
   local name=$1; shift

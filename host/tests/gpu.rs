@@ -3,7 +3,7 @@
 //! third-party PTX).
 mod common;
 
-use common::{DTYPES, Op, SIZES, random_values, tensor, values};
+use common::{CHAIN_RESULT, DTYPES, Op, SIZES, long_chain, random_values, tensor, values};
 use opsmith_host::cuda::{CudaDevice, KernelArg, KernelModule, LaunchConfig};
 use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
 use rand::{SeedableRng, rngs::StdRng};
@@ -99,26 +99,19 @@ fn every_kernel_name_resolves_in_the_embedded_module() -> Result<()> {
 fn streams_and_events() -> Result<()> {
     let dev = CudaDevice::get(0)?;
     let (producer, consumer) = (dev.new_stream()?, dev.new_stream()?);
-    let n = 1 << 22;
-    let a = Tensor::full(1.5, [n], DType::F32, GPU)?;
-    let b = Tensor::full(2.0, [n], DType::F32, GPU)?;
-    let produced = {
+    let (a, produced) = {
         let _on = producer.make_current();
         let start = producer.record_event()?;
-        let mut x = ops::mul(&a, &b)?;
-        for _ in 0..20 {
-            x = ops::fused_mul_add(&x, &b, &a)?; // long enough to still run when the consumer starts
-        }
+        let chain = long_chain(GPU)?;
         let end = producer.record_event()?;
         assert!(start.elapsed_ms(&end)? > 0.0);
-        x
+        chain
     };
     let consumed = {
         let _on = consumer.make_current();
         ops::add(&produced, &a)?
     };
-    // x0 = 3, x_{k+1} = 2 x_k + 1.5 → x_20 = 4.5 * 2^20 - 1.5
-    let expected = 4.5 * 2f64.powi(20) - 1.5 + 1.5;
+    let expected = CHAIN_RESULT + 1.5;
     let got = consumed.to_vec::<f32>()?;
     assert!(got.iter().all(|&v| v as f64 == expected), "got {} expected {expected}", got[0]);
     Ok(())

@@ -291,6 +291,15 @@ impl Communicator {
     /// Fails before any communication with [`Error::DeviceMismatch`] for a tensor on another
     /// device than the communicator's, and with [`Error::Overlap`] when two tensors share
     /// memory.
+    ///
+    /// ```no_run
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # use opsmith_host::{dist::{Communicator, UniqueId}, DType, Device, Tensor};
+    /// # let comm = Communicator::new(Device::Cuda(0), 0, 1, &UniqueId::new()?)?;
+    /// let (w, b) = (Tensor::full(1.0, [4, 4], DType::F32, Device::Cuda(0))?, Tensor::zeros([4], DType::F32, Device::Cuda(0))?);
+    /// comm.all_reduce_sum_(&[&w, &b])?; // one NCCL group for both
+    /// # Ok(()) }
+    /// ```
     pub fn all_reduce_sum_(&self, tensors: &[&Tensor]) -> Result<()> {
         self.all_reduce("all_reduce_sum_", tensors, sys::ncclRedOp_t::ncclSum)
     }
@@ -305,6 +314,15 @@ impl Communicator {
 
     /// Overwrites `t` on every rank with rank `root`'s `t`, in place: how every replica starts
     /// from the same weights.
+    ///
+    /// ```no_run
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # use opsmith_host::{dist::{Communicator, UniqueId}, DType, Device, Tensor};
+    /// # let comm = Communicator::new(Device::Cuda(0), 0, 1, &UniqueId::new()?)?;
+    /// let weights = Tensor::zeros([256, 256], DType::F32, comm.device())?; // each rank's own init
+    /// comm.broadcast_(&weights, 0)?; // now rank 0's everywhere
+    /// # Ok(()) }
+    /// ```
     pub fn broadcast_(&self, t: &Tensor, root: usize) -> Result<()> {
         let op = "broadcast_";
         if root >= self.world_size {

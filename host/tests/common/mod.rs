@@ -167,6 +167,24 @@ pub fn values(t: &Tensor) -> Result<Vec<f64>> {
     t.to_vec_f64()
 }
 
+/// Every element of [`long_chain`]'s result: x0 = 1.5 * 2, x_{k+1} = 2 x_k + 1.5, so
+/// x_20 = 4.5 * 2^20 - 1.5, exact in f32.
+pub const CHAIN_RESULT: f64 = 4.5 * 1048576.0 - 1.5;
+
+/// Work long enough that what is queued after it on another stream starts while it still runs:
+/// 21 launches over 2^22 f32 elements on the current stream, each reading `a` (all 1.5).
+/// Returns `a` and the result (all [`CHAIN_RESULT`]).
+pub fn long_chain(device: Device) -> Result<(Tensor, Tensor)> {
+    let n = 1 << 22;
+    let a = Tensor::full(1.5, [n], DType::F32, device)?;
+    let b = Tensor::full(2.0, [n], DType::F32, device)?;
+    let mut x = ops::mul(&a, &b)?;
+    for _ in 0..20 {
+        x = ops::fused_mul_add(&x, &b, &a)?;
+    }
+    Ok((a, x))
+}
+
 /// A view of `n` elements at `offset` into a buffer of `offset + n + 2` elements whose other
 /// elements hold [`SENTINEL`]; the view itself holds `fill`.
 pub fn padded_view(n: usize, offset: usize, fill: f64, dtype: DType, device: Device) -> Result<(Tensor, Tensor)> {
