@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs a bundle made by scripts/gpu-bundle.sh on a GPU machine, and prints a summary table last.
-#   run.sh [test|sanitize|bench|all]     (default: all)
+#   run.sh [test|examples|sanitize|bench|all]     (default: all)
+#   SUITES="test-host-gpu ..." and TOOLS="memcheck ..." narrow the GPU suites and sanitizer tools.
 # sanitize runs compute-sanitizer's memcheck, racecheck, initcheck and synccheck over every GPU suite.
 # bench needs python3 with PyTorch for the side-by-side comparison.
 # Logs go to $LOG_DIR (default: ./logs).
@@ -25,22 +26,30 @@ run() { # name, command...
   return $rc
 }
 
-gpu_suites=(test-host-gpu test-host-gpu_reliability test-host-gpu_activation test-autograd-gpu)
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} # NVLink multicast stays off on shared machines
+# Every GPU test target (named gpu*); SUITES="a b" narrows the list.
+gpu_suites=()
+for bin in "$here"/bin/test-*gpu*; do gpu_suites+=("$(basename "$bin")"); done
+[[ -n ${SUITES:-} ]] && read -r -a gpu_suites <<<"$SUITES"
 if [[ $what == test || $what == all ]]; then
-  for suite in "$here"/bin/test-*; do
-    run "$(basename "$suite")" "$suite"
+  for suite in "${gpu_suites[@]}" test-example-custom-op-gradcheck test-example-serve-http; do
+    [[ -x $here/bin/$suite ]] && run "$suite" "$here/bin/$suite"
   done
   # Again with every launch synchronized, the mode that pins an asynchronous fault to its launch.
   for suite in "${gpu_suites[@]}"; do
     OPSMITH_LAUNCH_BLOCKING=1 run "$suite-blocking" "$here/bin/$suite"
   done
-  # The examples that check their own results, in reading order.
-  run quickstart "$here/bin/quickstart"
-  run vector_add "$here/bin/vector_add"
-  run fused_mul_add "$here/bin/fused_mul_add"
-  run add_mul_backward "$here/bin/add_mul_backward"
-  run custom_op "$here/bin/custom_op"
-  run external_ptx "$here/bin/external_ptx"
+fi
+if [[ $what == examples || $what == test || $what == all ]]; then
+  # The tutorial in reading order, each checking its own results; train_mlp writes the weights
+  # that serve loads (relative paths, so run from the bundle).
+  cd "$here"
+  for example in quickstart vector_add fused_mul_add add_mul_backward custom_op external_ptx train_mlp train_ddp; do
+    [[ -x bin/$example ]] && run "$example" "bin/$example"
+  done
+  [[ -x bin/opsmith-example-serve ]] && run serve bin/opsmith-example-serve --once
+  run doctor bin/doctor
+  cd - >/dev/null
 fi
 if [[ $what == sanitize || $what == all ]]; then
   # The suite provokes driver API errors on purpose (bad PTX, unknown kernel names) to test its
@@ -49,8 +58,10 @@ if [[ $what == sanitize || $what == all ]]; then
   # in a child process) and its 10^5-op memory test (it checks the driver's memory accounting,
   # not memory safety, and under racecheck it outlasts a 10-minute session), and the matmul
   # suite's 1024^3 test (mostly timing; the smaller matmul tests make the same calls).
+  read -r -a tools <<<"${TOOLS:-memcheck racecheck initcheck synccheck}"
   for suite in "${gpu_suites[@]}" test-example-custom-op-gradcheck; do
-    for tool in memcheck racecheck initcheck synccheck; do
+    for tool in "${tools[@]}"; do
+      [[ -x $here/bin/$suite ]] || continue
       run "$suite-$tool" compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 1 \
         "$here/bin/$suite" --test-threads=1 --skip kernel_fault --skip a_hundred_thousand \
         --skip large_product
