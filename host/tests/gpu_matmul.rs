@@ -64,7 +64,7 @@ fn unaligned_operands_and_outputs() -> Result<()> {
             let (expected, scale) = reference(&a_values, ta, &b_values, tb, d);
             for offset in [1, 2, 3, 5] {
                 let a = operand(&a_values, &d.a_dims(ta), offset, dtype, GPU)?;
-                let b = operand(&b_values, &d.b_dims(tb), offset + 2, dtype, GPU)?;
+                let b = operand(&b_values, &d.b_dims(tb), 2 * offset + 1, dtype, GPU)?;
                 let out_buf = Tensor::full(f64::NAN, [d.m * d.n + offset], dtype, GPU)?;
                 let out = out_buf.narrow(offset, d.m * d.n)?.reshape(d.out_dims())?;
                 for t in [&a, &b, &out] {

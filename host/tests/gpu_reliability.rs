@@ -105,12 +105,26 @@ fn kernel_fault_child() {
 #[test]
 fn kernel_fault_is_reported_at_its_launch() {
     let _one = lock();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "kernel_fault_child", "--nocapture", "--test-threads=1"])
-        .env("OPSMITH_LAUNCH_BLOCKING", "1")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let child = || {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "kernel_fault_child", "--nocapture", "--test-threads=1"])
+            .env("OPSMITH_LAUNCH_BLOCKING", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        (out, text)
+    };
+    let (mut out, mut text) = child();
+    // On the lent H200 a second process's context creation has failed once with
+    // CUDA_ERROR_UNKNOWN while this process held the GPU; that is not what this test is about,
+    // so such a child (and only such a one) is started again, at most twice.
+    for _ in 0..2 {
+        if out.status.success() || !text.contains("creating the context") {
+            break;
+        }
+        eprintln!("child could not create its context; retrying:\n{text}");
+        (out, text) = child();
+    }
     assert!(out.status.success(), "child failed:\n{text}");
     assert!(text.contains("CHILD-REPORTED: kernel `write_through_null` on cuda:0 faulted"), "{text}");
 }

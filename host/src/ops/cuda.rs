@@ -75,6 +75,8 @@ pub(super) fn elementwise(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tenso
     let name = kernel_name(op, first.dtype(), first.device())?;
     let n = check_launch_len(op.name(), first.elem_count(), first.dtype())?;
     if n == 0 {
+        // Nothing to launch, but the outputs count as written, as on the CPU.
+        outputs.iter().for_each(|t| t.storage.bump_version());
         return Ok(());
     }
     let device = CudaDevice::get(ordinal)?;
