@@ -16,6 +16,44 @@ use std::sync::Arc;
 /// your own kernel crate, built with `opsmith-ptx-builder` from your `build.rs`, or any PTX,
 /// loaded with `opsmith_host::cuda::KernelModule::from_ptx`; `examples/custom-op` does the
 /// former. For [`crate::gradcheck()`], the CPU forward must also accept f64 tensors.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{CustomOp, Result, Tape, custom, ops};
+/// use opsmith_host::{Device, Tensor, ops as host};
+/// use std::sync::Arc;
+///
+/// /// `y = x³`, with `dy/dx = 3x²`, from the host ops (so on every device and dtype).
+/// struct Cube;
+///
+/// impl CustomOp for Cube {
+///     fn name(&self) -> &str {
+///         "cube"
+///     }
+///     fn num_inputs(&self) -> usize {
+///         1
+///     }
+///     fn cpu_forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+///         let x = inputs[0];
+///         Ok(host::mul(&host::mul(x, x)?, x)?)
+///     }
+///     fn cpu_backward(&self, inputs: &[&Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+///         let x = inputs[0];
+///         let three_x2 = host::scale(&host::mul(x, x)?, 3.0)?;
+///         Ok(vec![Some(host::mul(grad, &three_x2)?)])
+///     }
+/// }
+///
+/// let cube: Arc<dyn CustomOp> = Arc::new(Cube);
+/// let tape = Tape::new();
+/// let x = tape.var(Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?);
+/// let y = custom(&cube, &[&x])?;
+/// assert_eq!(y.value().to_vec::<f32>()?, [1.0, 8.0]);
+/// let grads = tape.backward(&ops::sum(&y)?)?;
+/// assert_eq!(grads.get(&x).unwrap().to_vec::<f32>()?, [3.0, 12.0]);
+/// // Cube has no CUDA half: on a GPU tensor it would return Error::MissingCudaImpl.
+/// # Ok(()) }
+/// ```
 pub trait CustomOp: Send + Sync + 'static {
     /// The op's name, for errors.
     fn name(&self) -> &str;
@@ -38,6 +76,40 @@ pub trait CustomOp: Send + Sync + 'static {
 }
 
 /// Applies a custom op to variables, recording its backward when an input requires gradients.
+///
+/// The inputs must number [`CustomOp::num_inputs`] and share one device; the op's CPU or CUDA
+/// half runs according to that device.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{CustomOp, Error, Result, Var, custom};
+/// use opsmith_host::{Device, Tensor};
+/// use std::sync::Arc;
+///
+/// /// The identity, as the smallest custom op.
+/// struct Identity;
+///
+/// impl CustomOp for Identity {
+///     fn name(&self) -> &str {
+///         "identity"
+///     }
+///     fn num_inputs(&self) -> usize {
+///         1
+///     }
+///     fn cpu_forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+///         Ok(inputs[0].copy()?)
+///     }
+///     fn cpu_backward(&self, _: &[&Tensor], _: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+///         Ok(vec![Some(grad.clone())])
+///     }
+/// }
+///
+/// let op: Arc<dyn CustomOp> = Arc::new(Identity);
+/// let x = Var::constant(Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?);
+/// assert_eq!(custom(&op, &[&x])?.value().to_vec::<f32>()?, [1.0]);
+/// assert!(matches!(custom(&op, &[&x, &x]), Err(Error::Arity { expected: 1, actual: 2, .. })));
+/// # Ok(()) }
+/// ```
 pub fn custom(op: &Arc<dyn CustomOp>, inputs: &[&Var]) -> Result<Var> {
     if inputs.len() != op.num_inputs() {
         return Err(Error::Arity {

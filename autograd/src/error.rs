@@ -1,9 +1,36 @@
 //! The autograd error type; host errors convert into it with `?`.
 
 /// `Result` with [`Error`].
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Result, Tape, Var, ops};
+/// fn square(x: &Var) -> Result<Var> {
+///     ops::mul(x, x)
+/// }
+/// let tape = Tape::new();
+/// let x = tape.var(opsmith_host::Tensor::from_vec(vec![3.0f32], [1], opsmith_host::Device::Cpu)?);
+/// assert_eq!(square(&x)?.value().to_vec::<f32>()?, [9.0]);
+/// # Ok(()) }
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in `opsmith-autograd`.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Error, Tape, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let x = tape.var(Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?);
+/// let y = ops::mul(&x, &x)?;
+/// // A two-element output has no implied gradient: name it with backward_with.
+/// assert!(matches!(tape.backward(&y), Err(Error::NonScalarLoss { .. })));
+/// // Host errors pass through as Error::Host.
+/// let z = tape.var(Tensor::from_vec(vec![1.0f32; 3], [3], Device::Cpu)?);
+/// assert!(matches!(ops::add(&x, &z), Err(Error::Host(opsmith_host::Error::ShapeMismatch { .. }))));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -1,11 +1,35 @@
 //! Gradient checks: analytic gradients against central finite differences computed in f64 on
 //! the CPU, and one device's gradients against another's.
+//!
+//! ```
+//! # fn main() -> opsmith_autograd::Result<()> {
+//! use opsmith_autograd::{GradcheckOptions, Var, gradcheck, ops};
+//! use opsmith_host::{DType, Device, Tensor};
+//! // f(a, b) = mean(a * b + a), checked in f32 against f64 finite differences.
+//! let f = |v: &[Var]| ops::mean(&ops::fused_mul_add(&v[0], &v[1], &v[0])?);
+//! let a = Tensor::from_vec(vec![0.5f32, -1.25, 2.0], [3], Device::Cpu)?;
+//! let b = Tensor::from_vec(vec![1.5f32, 0.75, -0.5], [3], Device::Cpu)?;
+//! let report = gradcheck(f, &[a, b], &GradcheckOptions::for_dtype(DType::F32))?;
+//! assert_eq!(report.checked, 6);
+//! # Ok(()) }
+//! ```
 use crate::tape::{Tape, Var, no_grad};
 use crate::{Error, Result, ops};
 use opsmith_host::{DType, Device, Tensor};
 
 /// Tolerances and step of a gradient check. An element passes when
 /// `|analytic - reference| <= atol + rtol * |reference|`.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{GradcheckOptions, gradcheck, ops};
+/// use opsmith_host::{DType, Device, Tensor};
+/// // Looser than the f32 defaults, with a larger step.
+/// let options = GradcheckOptions { eps: 1e-4, ..GradcheckOptions::for_dtype(DType::F32) };
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
+/// gradcheck(|v| ops::mul(&v[0], &v[0]), &[x], &options)?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct GradcheckOptions {
     /// The finite-difference step, applied to f64 copies of the inputs.
@@ -19,6 +43,15 @@ pub struct GradcheckOptions {
 impl GradcheckOptions {
     /// Tolerances suited to analytic gradients computed in `dtype` (the finite differences are
     /// always in f64).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::GradcheckOptions;
+    /// use opsmith_host::DType;
+    /// let (f32, bf16) = (GradcheckOptions::for_dtype(DType::F32), GradcheckOptions::for_dtype(DType::BF16));
+    /// assert!(bf16.rtol > f32.rtol); // fewer digits, wider tolerance
+    /// # Ok(()) }
+    /// ```
     pub fn for_dtype(dtype: DType) -> Self {
         let (atol, rtol) = match dtype {
             DType::F64 => (1e-7, 1e-6),
@@ -30,6 +63,17 @@ impl GradcheckOptions {
 }
 
 /// What a passing check measured.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{GradcheckOptions, gradcheck, ops};
+/// use opsmith_host::{DType, Device, Tensor};
+/// let x = Tensor::from_vec(vec![0.5f64, 1.5, -2.0], [3], Device::Cpu)?;
+/// let report = gradcheck(|v| ops::scale(&v[0], 3.0), &[x], &GradcheckOptions::for_dtype(DType::F64))?;
+/// assert_eq!(report.checked, 3);
+/// assert!(report.max_abs_error < 1e-8);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GradcheckReport {
     /// Elements compared.
@@ -166,6 +210,22 @@ pub fn gradcheck<F: Fn(&[Var]) -> Result<Var>>(
 
 /// Checks that `f`'s gradients at `inputs` computed on `device` match those computed on the CPU
 /// (same inputs, same dtype), within `options`' tolerances.
+///
+/// On [`Device::Cpu`] this compares the CPU with itself, which passes; pass the device to test.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{GradcheckOptions, compare_devices, ops};
+/// use opsmith_host::{DType, Device, Tensor};
+/// let x = Tensor::from_vec(vec![0.5f32, 1.5, -2.0, 4.0], [4], Device::Cpu)?;
+/// let y = Tensor::from_vec(vec![1.0f32, -1.0, 0.25, 2.0], [4], Device::Cpu)?;
+/// let options = GradcheckOptions::for_dtype(DType::F32);
+/// let f = |v: &[opsmith_autograd::Var]| ops::mean(&ops::add_mul(&v[0], &v[1], &v[0])?);
+/// // On a GPU machine: the CUDA kernels' gradients against the CPU's.
+/// let report = compare_devices(f, &[x, y], Device::cuda_if_available(), &options)?;
+/// assert_eq!(report.checked, 8);
+/// # Ok(()) }
+/// ```
 pub fn compare_devices<F: Fn(&[Var]) -> Result<Var>>(
     f: F,
     inputs: &[Tensor],

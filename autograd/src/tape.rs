@@ -9,6 +9,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A variable's identity, the key of [`Gradients`].
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::Tape;
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let x = tape.var(Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?);
+/// assert_eq!(x.clone().id(), x.id()); // clones are the same variable
+/// assert_ne!(tape.var(x.value().clone()).id(), x.id()); // a new var of the same tensor is not
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct VarId(u64);
 
@@ -22,6 +33,20 @@ impl VarId {
 /// A tensor in a computation: either tracked by a [`Tape`] (it requires gradients) or a constant.
 ///
 /// Cloning a `Var` is cheap and keeps its identity: both clones have the same gradient.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, Var, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let w = tape.var(Tensor::from_vec(vec![2.0f32], [1], Device::Cpu)?);
+/// let k = Var::constant(Tensor::from_vec(vec![3.0f32], [1], Device::Cpu)?);
+/// let loss = ops::mul(&w, &k)?;
+/// let grads = tape.backward(&loss)?;
+/// assert_eq!(grads.get(&w).unwrap().to_vec::<f32>()?, [3.0]);
+/// assert!(grads.get(&k).is_none()); // constants get no gradient
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Var {
     value: Tensor,
@@ -38,31 +63,97 @@ impl std::fmt::Debug for Var {
 
 impl Var {
     /// A constant: ops on it record nothing for it, and it gets no gradient.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::Var;
+    /// use opsmith_host::{Device, Tensor};
+    /// let c = Var::constant(Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?);
+    /// assert!(!c.requires_grad() && c.tape().is_none());
+    /// # Ok(()) }
+    /// ```
     pub fn constant(value: Tensor) -> Var {
         Var { value, id: VarId::fresh(), tape: None, leaf: true }
     }
 
     /// The value.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![1.5f32], [1], Device::Cpu)?);
+    /// assert_eq!(ops::scale(&x, 2.0)?.value().to_vec::<f32>()?, [3.0]);
+    /// # Ok(()) }
+    /// ```
     pub fn value(&self) -> &Tensor {
         &self.value
     }
 
     /// The identity, as used by [`Gradients`].
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::Tape;
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let t = Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?;
+    /// let (a, b) = (tape.var(t.clone()), tape.var(t));
+    /// assert_ne!(a.id(), b.id()); // two variables, one tensor
+    /// # Ok(()) }
+    /// ```
     pub fn id(&self) -> VarId {
         self.id
     }
 
     /// Whether gradients flow to this variable.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, Var, no_grad, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?);
+    /// assert!(x.requires_grad());
+    /// assert!(ops::neg(&x)?.requires_grad());
+    /// let _off = no_grad();
+    /// assert!(!ops::neg(&x)?.requires_grad());
+    /// assert!(!Var::constant(x.value().clone()).requires_grad());
+    /// # Ok(()) }
+    /// ```
     pub fn requires_grad(&self) -> bool {
         self.tape.is_some()
     }
 
     /// Whether the variable was created by [`Tape::var`] rather than computed by an op.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?);
+    /// assert!(x.is_leaf());
+    /// assert!(!ops::add(&x, &x)?.is_leaf());
+    /// # Ok(()) }
+    /// ```
     pub fn is_leaf(&self) -> bool {
         self.leaf
     }
 
     /// The tape that tracks this variable, if any.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?);
+    /// let y = ops::mul(&x, &x)?;
+    /// assert_eq!(y.tape().map(|t| t.len()), Some(1)); // the same tape, holding the mul
+    /// # Ok(()) }
+    /// ```
     pub fn tape(&self) -> Option<&Tape> {
         self.tape.as_ref()
     }
@@ -105,21 +196,63 @@ pub struct Tape {
 
 impl Tape {
     /// An empty tape.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// let tape = opsmith_autograd::Tape::new();
+    /// assert!(tape.is_empty());
+    /// # Ok(()) }
+    /// ```
     pub fn new() -> Tape {
         Tape::default()
     }
 
     /// A leaf variable that requires gradients.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::Tape;
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let w = tape.var(Tensor::from_vec(vec![0.5f32; 4], [2, 2], Device::Cpu)?);
+    /// assert!(w.requires_grad() && w.is_leaf());
+    /// assert!(tape.is_empty()); // a variable is not a recorded op
+    /// # Ok(()) }
+    /// ```
     pub fn var(&self, value: Tensor) -> Var {
         Var { value, id: VarId::fresh(), tape: Some(self.clone()), leaf: true }
     }
 
     /// The number of recorded nodes not yet consumed by a backward.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?);
+    /// let loss = ops::sum(&ops::mul(&x, &x)?)?;
+    /// assert_eq!(tape.len(), 2); // mul, sum
+    /// tape.backward(&loss)?;
+    /// assert_eq!(tape.len(), 0); // consumed
+    /// # Ok(()) }
+    /// ```
     pub fn len(&self) -> usize {
         self.nodes.lock().len()
     }
 
     /// Whether no nodes are recorded.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?);
+    /// ops::neg(&x)?;
+    /// assert!(!tape.is_empty());
+    /// # Ok(()) }
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -129,6 +262,19 @@ impl Tape {
     }
 
     /// Backward from a one-element `loss` (seeded with 1). See [`Tape::backward_with`].
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], Device::Cpu)?);
+    /// let loss = ops::mean(&ops::mul(&x, &x)?)?; // mean(x²)
+    /// let grads = tape.backward(&loss)?;
+    /// let gx = grads.get(&x).unwrap().to_vec::<f32>()?; // 2x / 3
+    /// assert!((gx[2] - 2.0).abs() < 1e-6);
+    /// # Ok(()) }
+    /// ```
     pub fn backward(&self, loss: &Var) -> Result<Gradients> {
         if loss.value.elem_count() != 1 {
             return Err(Error::NonScalarLoss { shape: loss.value.dims().to_vec() });
@@ -143,6 +289,20 @@ impl Tape {
     /// The recorded graph is consumed, as in PyTorch without `retain_graph`: saved tensors are
     /// released, and a second backward through the same nodes returns [`Error::GraphConsumed`].
     /// A variable used several times gets the sum of its gradients.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Error, Tape, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?);
+    /// let y = ops::add(&ops::mul(&x, &x)?, &x)?; // x² + x: x is used three times
+    /// let upstream = Tensor::from_vec(vec![1.0f32, 10.0], [2], Device::Cpu)?;
+    /// let grads = tape.backward_with(&y, upstream.clone())?;
+    /// assert_eq!(grads.get(&x).unwrap().to_vec::<f32>()?, [3.0, 50.0]); // g * (2x + 1)
+    /// assert!(matches!(tape.backward_with(&y, upstream), Err(Error::GraphConsumed)));
+    /// # Ok(()) }
+    /// ```
     pub fn backward_with(&self, output: &Var, grad: Tensor) -> Result<Gradients> {
         match &output.tape {
             None => return Err(Error::RequiresGrad { what: "backward" }),
@@ -198,6 +358,19 @@ impl Tape {
 }
 
 /// Gradients by variable, as returned by [`Tape::backward`].
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let a = tape.var(Tensor::from_vec(vec![2.0f32], [1], Device::Cpu)?);
+/// let b = tape.var(Tensor::from_vec(vec![5.0f32], [1], Device::Cpu)?);
+/// let grads = tape.backward(&ops::mul(&a, &b)?)?;
+/// assert_eq!(grads.len(), 2);
+/// assert_eq!(grads.get(&a).unwrap().to_vec::<f32>()?, [5.0]);
+/// # Ok(()) }
+/// ```
 #[derive(Default, Debug)]
 pub struct Gradients {
     map: HashMap<VarId, Tensor>,
@@ -205,21 +378,64 @@ pub struct Gradients {
 
 impl Gradients {
     /// The gradient of `var`, or `None` if the output does not depend on it.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![2.0f32], [1], Device::Cpu)?);
+    /// let unused = tape.var(Tensor::from_vec(vec![7.0f32], [1], Device::Cpu)?);
+    /// let grads = tape.backward(&ops::scale(&x, 4.0)?)?;
+    /// assert_eq!(grads.get(&x).unwrap().to_vec::<f32>()?, [4.0]);
+    /// assert!(grads.get(&unused).is_none());
+    /// # Ok(()) }
+    /// ```
     pub fn get(&self, var: &Var) -> Option<&Tensor> {
         self.map.get(&var.id)
     }
 
     /// Takes the gradient of `var` out of the store.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![2.0f32], [1], Device::Cpu)?);
+    /// let mut grads = tape.backward(&ops::neg(&x)?)?;
+    /// let gx = grads.remove(&x).unwrap(); // owned, no clone
+    /// assert_eq!(gx.to_vec::<f32>()?, [-1.0]);
+    /// assert!(grads.is_empty());
+    /// # Ok(()) }
+    /// ```
     pub fn remove(&mut self, var: &Var) -> Option<Tensor> {
         self.map.remove(&var.id)
     }
 
     /// The number of gradients held.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?);
+    /// let grads = tape.backward(&ops::sum(&x)?)?;
+    /// assert_eq!(grads.len(), 1); // the leaf x; intermediate gradients are dropped
+    /// # Ok(()) }
+    /// ```
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
     /// Whether no gradient is held.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// assert!(opsmith_autograd::Gradients::default().is_empty());
+    /// # Ok(()) }
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
@@ -231,6 +447,16 @@ thread_local! {
 
 /// While alive, ops on this thread record nothing, so inference pays nothing for the tape.
 /// Returned by [`no_grad`].
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{is_grad_enabled, no_grad};
+/// let guard = no_grad();
+/// assert!(!is_grad_enabled());
+/// drop(guard);
+/// assert!(is_grad_enabled());
+/// # Ok(()) }
+/// ```
 #[must_use = "recording resumes when the guard is dropped"]
 pub struct NoGradGuard {
     _not_send: std::marker::PhantomData<*const ()>,
@@ -264,6 +490,19 @@ pub fn no_grad() -> NoGradGuard {
 }
 
 /// Whether ops on this thread record (false inside [`no_grad`]).
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{is_grad_enabled, no_grad};
+/// assert!(is_grad_enabled());
+/// {
+///     let _outer = no_grad();
+///     let _inner = no_grad(); // guards nest
+///     assert!(!is_grad_enabled());
+/// }
+/// assert!(is_grad_enabled());
+/// # Ok(()) }
+/// ```
 pub fn is_grad_enabled() -> bool {
     NO_GRAD_DEPTH.with(|d| d.get() == 0)
 }

@@ -1,10 +1,22 @@
 //! Where a tensor lives.
+//!
+//! ```
+//! use opsmith_host::Device;
+//! let device = Device::cuda_if_available();
+//! assert!(device == Device::Cpu || device == Device::Cuda(0));
+//! ```
 use crate::cuda;
 
 /// A device: the CPU, or a CUDA GPU by ordinal.
 ///
 /// A `Device` is only a name; the CUDA context, stream and loaded kernels behind `Cuda(n)` are
 /// created on first use and shared by everything on that device ([`cuda::CudaDevice`]).
+///
+/// ```
+/// use opsmith_host::Device;
+/// assert_eq!(Device::default(), Device::Cpu);
+/// assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Device {
     /// The host CPU, through the `ndarray` backend.
@@ -26,6 +38,12 @@ impl Device {
     }
 
     /// Whether this is a CUDA device.
+    ///
+    /// ```
+    /// use opsmith_host::Device;
+    /// assert!(Device::Cuda(0).is_cuda());
+    /// assert!(!Device::Cpu.is_cuda());
+    /// ```
     pub fn is_cuda(self) -> bool {
         matches!(self, Device::Cuda(_))
     }

@@ -1,8 +1,23 @@
-//! Element types.
+//! Element types: [`DType`] names them at run time, [`Element`] is the Rust type behind each.
+//!
+//! ```
+//! use opsmith_host::{DType, Element, bf16};
+//! assert_eq!(<bf16 as Element>::DTYPE, DType::BF16);
+//! assert_eq!(DType::BF16.size_in_bytes(), 2);
+//! ```
 use crate::tensor::storage::CpuBuffer;
 use half::{bf16, f16};
 
 /// The element type of a tensor.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor};
+/// let t = Tensor::zeros([4], DType::F16, Device::Cpu)?;
+/// assert_eq!(t.dtype(), DType::F16);
+/// assert_eq!(t.dtype().to_string(), "f16");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     /// IEEE 754 binary32.
@@ -17,6 +32,12 @@ pub enum DType {
 
 impl DType {
     /// Bytes per element.
+    ///
+    /// ```
+    /// use opsmith_host::DType;
+    /// assert_eq!(DType::F32.size_in_bytes(), 4);
+    /// assert_eq!(DType::BF16.size_in_bytes(), 2);
+    /// ```
     pub const fn size_in_bytes(self) -> usize {
         match self {
             DType::F32 => 4,
@@ -26,6 +47,12 @@ impl DType {
     }
 
     /// The lower-case name, as in kernel names (`f32`, `f16`, `bf16`, `f64`).
+    ///
+    /// ```
+    /// use opsmith_host::DType;
+    /// assert_eq!(DType::BF16.name(), "bf16");
+    /// assert!(opsmith_kernels::names::BF16.add.ends_with(DType::BF16.name()));
+    /// ```
     pub const fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -36,6 +63,13 @@ impl DType {
     }
 
     /// The unit roundoff (half the gap between 1 and the next value): the scale for tolerances.
+    ///
+    /// ```
+    /// use opsmith_host::{DType, f16};
+    /// let u = DType::F16.unit_roundoff();
+    /// assert_eq!(f16::from_f64(1.0 + u).to_f64(), 1.0);             // a tie rounds to even
+    /// assert_eq!(f16::from_f64(1.0 + 2.0 * u).to_f64(), 1.0 + 2.0 * u); // the next f16
+    /// ```
     pub const fn unit_roundoff(self) -> f64 {
         match self {
             DType::F32 => f32::EPSILON as f64 / 2.0,
@@ -64,6 +98,18 @@ mod sealed {
 }
 
 /// A Rust type that a tensor can hold: `f32`, `f64`, [`half::f16`] and [`half::bf16`].
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Device, Element, Tensor, f16};
+/// // Generic over the element type, as the CPU backend is.
+/// fn halve<T: Element>(values: &[T]) -> Vec<T> {
+///     values.iter().map(|&v| T::from_f64(v.to_f64() / 2.0)).collect()
+/// }
+/// let t = Tensor::from_vec(halve(&[f16::from_f32(3.0)]), [1], Device::Cpu)?;
+/// assert_eq!(t.to_vec::<f16>()?, [f16::from_f32(1.5)]);
+/// # Ok(()) }
+/// ```
 pub trait Element: sealed::Sealed + bytemuck::Pod + Copy + Send + Sync + std::fmt::Debug + PartialEq + 'static {
     /// The matching [`DType`].
     const DTYPE: DType;
@@ -86,6 +132,13 @@ pub trait Element: sealed::Sealed + bytemuck::Pod + Copy + Send + Sync + std::fm
 }
 
 /// Arithmetic the CPU backend runs in: f32 or f64.
+///
+/// ```
+/// use opsmith_host::{Element, bf16, dtype::Accumulator};
+/// // bf16 computes in f32, and an FMA rounds once.
+/// let (a, b, c) = (bf16::from_f32(1.5).to_acc(), bf16::from_f32(2.0).to_acc(), 0.25f32);
+/// assert_eq!(<f32 as Accumulator>::fma(a, b, c), 3.25);
+/// ```
 ///
 /// It is [`Real`](opsmith_kernels::real::Real), the type the formulas shared with the kernels
 /// (activations, optimizer steps) are generic over, so the CPU runs them operation for operation

@@ -1,13 +1,45 @@
 //! The one error type of `opsmith-host`. Every variant names the operation (or kernel) and the
 //! offending shape, dtype or device, so a message is enough to find the call that failed.
+//!
+//! ```
+//! # fn main() -> opsmith_host::Result<()> {
+//! use opsmith_host::{DType, Device, Tensor, ops};
+//! let a = Tensor::zeros([2], DType::F32, Device::Cpu)?;
+//! let b = Tensor::zeros([3], DType::F32, Device::Cpu)?;
+//! let err = ops::add(&a, &b).unwrap_err();
+//! assert_eq!(err.to_string(), "add: shape mismatch: [2] vs [3]");
+//! # Ok(()) }
+//! ```
 use crate::{DType, Device};
 use cudarc::cublas::result::CublasError;
 use cudarc::driver::DriverError;
 
 /// `Result` with [`Error`].
+///
+/// ```
+/// use opsmith_host::{Device, Result, Tensor};
+/// fn ones(n: usize) -> Result<Tensor> {
+///     Tensor::full(1.0, [n], opsmith_host::DType::F32, Device::Cpu)
+/// }
+/// assert_eq!(ones(2).unwrap().to_vec::<f32>().unwrap(), [1.0, 1.0]);
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in `opsmith-host`.
+///
+/// Match on a variant to react to one kind of failure; the fields say which operand was wrong.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Error, Tensor, ops};
+/// let a = Tensor::zeros([2], DType::F32, Device::Cpu)?;
+/// let b = Tensor::zeros([2], DType::F16, Device::Cpu)?;
+/// match ops::mul(&a, &b) {
+///     Err(Error::DTypeMismatch { op, lhs, rhs }) => assert_eq!((op, lhs, rhs), ("mul", DType::F32, DType::F16)),
+///     other => panic!("expected a dtype mismatch, got {other:?}"),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

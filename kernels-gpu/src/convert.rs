@@ -5,8 +5,20 @@
 //! any streaming kernel. f16 uses the hardware `cvt` instructions on the device
 //! (`device::element`); these functions are compiled for the host as well so that the
 //! rounding can be tested there.
+//!
+//! ```
+//! use opsmith_kernels::convert::{bf16_bits_to_f32, f32_to_bf16_bits};
+//! let x = 3.140625f32; // 8 significant bits: a bf16 value
+//! assert_eq!(bf16_bits_to_f32(f32_to_bf16_bits(x)), x);
+//! ```
 
 /// Widens a bf16 bit pattern to f32. Exact: every bf16 value is an f32 value.
+///
+/// ```
+/// use opsmith_kernels::convert::bf16_bits_to_f32;
+/// assert_eq!(bf16_bits_to_f32(0x3fc0), 1.5);
+/// assert_eq!(bf16_bits_to_f32(0xff80), f32::NEG_INFINITY);
+/// ```
 #[inline(always)]
 pub const fn bf16_bits_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
@@ -16,6 +28,14 @@ pub const fn bf16_bits_to_f32(bits: u16) -> f32 {
 ///
 /// NaN stays NaN (quieted, sign and top payload bits kept); values past the largest finite bf16
 /// round to infinity, as IEEE 754 round-to-nearest requires.
+///
+/// ```
+/// use opsmith_kernels::convert::f32_to_bf16_bits;
+/// assert_eq!(f32_to_bf16_bits(1.5), 0x3fc0);
+/// // 1 + 2^-8 is half-way between bf16 neighbours 1 and 1 + 2^-7: ties go to the even one.
+/// assert_eq!(f32_to_bf16_bits(1.0 + 1.0 / 256.0), 0x3f80);
+/// assert_eq!(f32_to_bf16_bits(f32::MAX), 0x7f80); // past the largest bf16: infinity
+/// ```
 #[inline(always)]
 pub const fn f32_to_bf16_bits(x: f32) -> u16 {
     let bits = x.to_bits();

@@ -12,6 +12,13 @@
 //!   operation for operation. The host refers to kernels through the same identifiers the
 //!   kernels are defined with: a renamed kernel is a compile error on the host, never a missing
 //!   symbol at a user's run time.
+//!
+//! ```
+//! use opsmith_kernels::names;
+//! // The host launches kernels by these names, which the kernels' own macro generated.
+//! assert_eq!(names::F32.fused_mul_add, "fused_mul_add_f32");
+//! assert_eq!(names::reduction::BF16.sum_rows, "sum_rows_bf16");
+//! ```
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",

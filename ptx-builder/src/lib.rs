@@ -2,7 +2,7 @@
 //!
 //! This is the step `opsmith-host` uses for its own kernels, exposed so that a downstream crate
 //! can build *its* kernel crate the same way and load the PTX with
-//! `opsmith::host::KernelModule::from_ptx`.
+//! `opsmith::cuda::KernelModule::from_ptx`.
 //!
 //! The kernel crate is an ordinary library crate with `#![no_std]`, kernels declared as
 //! `#[unsafe(no_mangle)] pub unsafe extern "ptx-kernel" fn …` (under
@@ -39,6 +39,19 @@ pub const NVPTX_TARGET: &str = "nvptx64-nvidia-cuda";
 pub const DEFAULT_ARCH: &str = "sm_70";
 
 /// Why the PTX build failed, with what to do about it.
+///
+/// ```
+/// use opsmith_ptx_builder::{PtxBuildError, PtxBuilder};
+/// let out = std::env::temp_dir().join("opsmith-ptx-builder-doc-missing");
+/// let result = PtxBuilder::new("no/such/kernel/crate").out_dir(&out).rerun_if_changed(false).build();
+/// match result {
+///     Err(PtxBuildError::Cargo { manifest, stderr }) => {
+///         assert!(manifest.ends_with("no/such/kernel/crate/Cargo.toml"));
+///         println!("cargo said: {stderr}");
+///     }
+///     other => panic!("expected cargo to fail, got {other:?}"),
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum PtxBuildError {
     /// A tool could not be started at all.
@@ -100,6 +113,16 @@ pub enum PtxBuildError {
 }
 
 /// A PTX module built from a kernel crate.
+///
+/// [`PtxBuilder::build`] returns it; its `path` is what a build script hands to `include_str!`
+/// through an environment variable, and `entries` are the names to look kernels up by.
+///
+/// ```
+/// use opsmith_ptx_builder::{BuiltPtx, entry_names};
+/// let ptx = ".version 7.0\n.target sm_70\n.visible .entry scale_f32(\n";
+/// let built = BuiltPtx { path: "scale.ptx".into(), entries: entry_names(ptx) };
+/// assert_eq!(built.entries, ["scale_f32"]);
+/// ```
 #[derive(Clone, Debug)]
 pub struct BuiltPtx {
     /// Where the PTX was written.
@@ -108,7 +131,47 @@ pub struct BuiltPtx {
     pub entries: Vec<String>,
 }
 
-/// Builds one kernel crate into PTX. See the crate docs for an example.
+/// Builds one kernel crate into PTX.
+///
+/// A kernel crate is a `#![no_std]` library whose kernels are `extern "ptx-kernel"` functions.
+/// This example writes a one-kernel crate to a temporary folder and builds it, as a build script
+/// would (the first build compiles `core` for nvptx64, which takes a little while):
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use opsmith_ptx_builder::PtxBuilder;
+/// let dir = std::env::temp_dir().join("opsmith-ptx-builder-doc");
+/// std::fs::create_dir_all(dir.join("src"))?;
+/// std::fs::write(
+///     dir.join("Cargo.toml"),
+///     "[package]\nname = \"doc-kernels\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n[workspace]\n",
+/// )?;
+/// std::fs::write(dir.join("src/lib.rs"), r#"
+/// #![no_std]
+/// #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
+///
+/// /// `x[i] *= 2` for `i < n`, one thread per element.
+/// #[cfg(target_arch = "nvptx64")]
+/// #[unsafe(no_mangle)]
+/// pub unsafe extern "ptx-kernel" fn double_f32(x: *mut f32, n: u64) {
+///     use core::arch::nvptx::{_block_dim_x, _block_idx_x, _thread_idx_x};
+///     let i = unsafe { _block_idx_x() * _block_dim_x() + _thread_idx_x() } as u64;
+///     if i < n {
+///         unsafe { *x.add(i as usize) *= 2.0 };
+///     }
+/// }
+///
+/// #[cfg(target_arch = "nvptx64")]
+/// #[panic_handler]
+/// fn panic(_: &core::panic::PanicInfo) -> ! {
+///     unsafe { core::arch::nvptx::trap() }
+/// }
+/// "#)?;
+/// let ptx = PtxBuilder::new(&dir).arch("sm_80").out_dir(dir.join("out")).rerun_if_changed(false).build()?;
+/// assert_eq!(ptx.entries, ["double_f32"]);
+/// assert!(std::fs::read_to_string(&ptx.path)?.contains(".target sm_80"));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct PtxBuilder {
     crate_dir: PathBuf,
@@ -119,17 +182,40 @@ pub struct PtxBuilder {
 
 impl PtxBuilder {
     /// A builder for the kernel crate whose `Cargo.toml` is in `crate_dir`.
+    ///
+    /// ```
+    /// use opsmith_ptx_builder::{DEFAULT_ARCH, PtxBuilder};
+    /// let builder = PtxBuilder::new("kernels"); // relative to the build script's package
+    /// assert!(format!("{builder:?}").contains(DEFAULT_ARCH));
+    /// ```
     pub fn new(crate_dir: impl Into<PathBuf>) -> Self {
         Self { crate_dir: crate_dir.into(), arch: DEFAULT_ARCH.into(), out_dir: None, rerun_if_changed: true }
     }
 
     /// The `sm_XY` architecture to generate PTX for (default [`DEFAULT_ARCH`]).
+    ///
+    /// ```
+    /// use opsmith_ptx_builder::PtxBuilder;
+    /// let builder = PtxBuilder::new("kernels").arch("sm_90"); // Hopper only
+    /// assert!(format!("{builder:?}").contains("sm_90"));
+    /// ```
     pub fn arch(mut self, arch: impl Into<String>) -> Self {
         self.arch = arch.into();
         self
     }
 
     /// Where to build and write the PTX (default: `$OUT_DIR`, as in a build script).
+    ///
+    /// Outside a build script there is no `$OUT_DIR`, so [`PtxBuilder::build`] needs this:
+    ///
+    /// ```
+    /// use opsmith_ptx_builder::{PtxBuildError, PtxBuilder};
+    /// # if std::env::var_os("OUT_DIR").is_some() { return; }
+    /// let without = PtxBuilder::new("kernels").rerun_if_changed(false).build();
+    /// assert!(matches!(without, Err(PtxBuildError::Io { .. })));
+    /// let with = PtxBuilder::new("kernels").out_dir(std::env::temp_dir().join("my-ptx"));
+    /// # let _ = with;
+    /// ```
     pub fn out_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.out_dir = Some(dir.into());
         self
@@ -137,12 +223,29 @@ impl PtxBuilder {
 
     /// Whether to print `cargo::rerun-if-changed` lines for the kernel crate (default: yes, for
     /// use from a build script; turn off when calling from a plain program).
+    ///
+    /// ```
+    /// use opsmith_ptx_builder::PtxBuilder;
+    /// // In a plain program (the `opsmith-ptx-build` command), cargo is not listening.
+    /// let builder = PtxBuilder::new("kernels").rerun_if_changed(false);
+    /// assert!(format!("{builder:?}").contains("rerun_if_changed: false"));
+    /// ```
     pub fn rerun_if_changed(mut self, yes: bool) -> Self {
         self.rerun_if_changed = yes;
         self
     }
 
     /// Builds the crate and returns the PTX file and its kernel names.
+    ///
+    /// What can go wrong, with what to do about it, is a [`PtxBuildError`]; see [`PtxBuilder`]
+    /// for a full build.
+    ///
+    /// ```
+    /// use opsmith_ptx_builder::{PtxBuildError, PtxBuilder};
+    /// let out = std::env::temp_dir().join("opsmith-ptx-builder-doc-nothing");
+    /// let result = PtxBuilder::new("/nonexistent").out_dir(&out).rerun_if_changed(false).build();
+    /// assert!(matches!(result, Err(PtxBuildError::Cargo { .. })));
+    /// ```
     pub fn build(&self) -> Result<BuiltPtx, PtxBuildError> {
         let out_dir = match &self.out_dir {
             Some(dir) => dir.clone(),
@@ -219,6 +322,11 @@ impl PtxBuilder {
 }
 
 /// The names of the kernels (`.entry` directives) a PTX module defines.
+///
+/// ```
+/// let ptx = ".visible .entry add_f32(\n\t.param .u64 a\n)\n.visible .entry mul_f32(.param .u64 a)\n";
+/// assert_eq!(opsmith_ptx_builder::entry_names(ptx), ["add_f32", "mul_f32"]);
+/// ```
 pub fn entry_names(ptx: &str) -> Vec<String> {
     ptx.lines()
         .filter_map(|line| line.trim_start().strip_prefix(".visible .entry "))
@@ -227,6 +335,14 @@ pub fn entry_names(ptx: &str) -> Vec<String> {
 }
 
 /// The functions a PTX module declares `.extern` (calls it cannot resolve on its own).
+///
+/// A kernel crate's PTX must have none: [`PtxBuilder::build`] reports them as
+/// [`PtxBuildError::UnresolvedExtern`].
+///
+/// ```
+/// let ptx = ".extern .func (.param .b32 r) vprintf(.param .b64 f, .param .b64 a);\n.visible .entry k()\n";
+/// assert_eq!(opsmith_ptx_builder::extern_functions(ptx).len(), 1);
+/// ```
 pub fn extern_functions(ptx: &str) -> Vec<String> {
     ptx.lines().filter(|line| line.contains(".extern .func")).map(|line| line.trim().to_string()).collect()
 }

@@ -8,6 +8,18 @@ use std::sync::{Arc, OnceLock};
 
 /// A CUDA device's shared state: its context, its default stream, and opsmith's kernels
 /// loaded into it. Cheap to clone; get one with [`CudaDevice::get`].
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+/// use opsmith_host::{Device, Tensor, cuda::CudaDevice, ops};
+/// let dev = CudaDevice::get(0)?;
+/// let x = Tensor::from_vec(vec![1.0f32; 4096], [4096], dev.device())?;
+/// let y = ops::add(&x, &x)?; // queued on dev.current_stream()
+/// dev.synchronize()?;
+/// assert_eq!(y.to_vec::<f32>()?[4095], 2.0);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct CudaDevice(Arc<Inner>);
 
@@ -60,6 +72,17 @@ impl CudaDevice {
     ///
     /// Fails with [`Error::NoCudaDriver`] when the driver library is missing and with
     /// [`Error::NoSuchDevice`] when the ordinal is out of range.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Error, cuda::{self, CudaDevice}};
+    /// let dev = CudaDevice::get(0)?;
+    /// assert_eq!(dev, CudaDevice::get(0)?); // the same shared state
+    /// let count = cuda::device_count()?;
+    /// assert!(matches!(CudaDevice::get(count), Err(Error::NoSuchDevice { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn get(ordinal: usize) -> Result<CudaDevice> {
         let count = super::device_count()?;
         if ordinal >= count {
@@ -101,31 +124,76 @@ impl CudaDevice {
     }
 
     /// The ordinal.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// assert_eq!(opsmith_host::cuda::CudaDevice::get(0)?.ordinal(), 0);
+    /// # Ok(()) }
+    /// ```
     pub fn ordinal(&self) -> usize {
         self.0.ordinal
     }
 
     /// This device as a [`Device`].
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Device, cuda::CudaDevice};
+    /// assert_eq!(CudaDevice::get(0)?.device(), Device::Cuda(0));
+    /// # Ok(()) }
+    /// ```
     pub fn device(&self) -> Device {
         Device::Cuda(self.0.ordinal)
     }
 
     /// The number of streaming multiprocessors.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// assert!(opsmith_host::cuda::CudaDevice::get(0)?.sm_count() >= 1);
+    /// # Ok(()) }
+    /// ```
     pub fn sm_count(&self) -> u32 {
         self.0.sm_count
     }
 
     /// The most threads one multiprocessor keeps resident.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// let dev = opsmith_host::cuda::CudaDevice::get(0)?;
+    /// println!("{} threads resident at once", dev.sm_count() * dev.max_threads_per_sm());
+    /// # Ok(()) }
+    /// ```
     pub fn max_threads_per_sm(&self) -> u32 {
         self.0.max_threads_per_sm
     }
 
     /// The device's name, e.g. "NVIDIA H200".
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// println!("{}", opsmith_host::cuda::CudaDevice::get(0)?.name()?);
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> Result<String> {
         self.0.ctx.name().map_err(|source| self.driver_error("cuDeviceGetName", source))
     }
 
     /// The compute capability as (major, minor).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// let (major, minor) = opsmith_host::cuda::CudaDevice::get(0)?.compute_capability()?;
+    /// assert!(major >= 7, "the embedded PTX needs sm_70 or newer, this is sm_{major}{minor}");
+    /// # Ok(()) }
+    /// ```
     pub fn compute_capability(&self) -> Result<(u32, u32)> {
         let (major, minor) = self
             .0
@@ -136,32 +204,92 @@ impl CudaDevice {
     }
 
     /// (free, total) device memory in bytes, as the driver reports it.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// let (free, total) = opsmith_host::cuda::CudaDevice::get(0)?.memory_info()?;
+    /// assert!(free <= total);
+    /// # Ok(()) }
+    /// ```
     pub fn memory_info(&self) -> Result<(usize, usize)> {
         self.0.ctx.mem_get_info().map_err(|source| self.driver_error("cuMemGetInfo", source))
     }
 
     /// The stream ops use on this device unless a [`Stream::make_current`] guard says otherwise.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// let dev = opsmith_host::cuda::CudaDevice::get(0)?;
+    /// dev.default_stream().synchronize()?;
+    /// # Ok(()) }
+    /// ```
     pub fn default_stream(&self) -> Stream {
         Stream::from_parts(self.clone(), self.0.default_stream.clone())
     }
 
     /// A new non-blocking stream on this device.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// let dev = opsmith_host::cuda::CudaDevice::get(0)?;
+    /// let side = dev.new_stream()?;
+    /// assert_eq!(side.device(), &dev);
+    /// # Ok(()) }
+    /// ```
     pub fn new_stream(&self) -> Result<Stream> {
         let inner = self.0.ctx.new_stream().map_err(|source| self.driver_error("cuStreamCreate", source))?;
         Ok(Stream::from_parts(self.clone(), inner))
     }
 
     /// The stream ops on this device use now, on this thread.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// let dev = opsmith_host::cuda::CudaDevice::get(0)?;
+    /// let side = dev.new_stream()?;
+    /// let start = dev.current_stream().record_event()?; // on the default stream
+    /// {
+    ///     let _guard = side.make_current();
+    ///     let on_side = dev.current_stream().record_event()?; // on `side`
+    ///     on_side.synchronize()?;
+    /// }
+    /// start.synchronize()?;
+    /// # Ok(()) }
+    /// ```
     pub fn current_stream(&self) -> Stream {
         super::stream::current_for(self).unwrap_or_else(|| self.default_stream())
     }
 
     /// Waits for all work on every stream of this device.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Tensor, cuda::CudaDevice, ops};
+    /// let dev = CudaDevice::get(0)?;
+    /// let x = Tensor::from_vec(vec![3.0f32; 1 << 20], [1 << 20], dev.device())?;
+    /// let _y = ops::mul(&x, &x)?;
+    /// dev.synchronize()?; // the multiply has finished
+    /// # Ok(()) }
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.0.ctx.synchronize().map_err(|source| self.driver_error("cuCtxSynchronize", source))
     }
 
     /// opsmith's own kernels, loaded into this device's context on first use.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::CudaDevice;
+    /// let add = CudaDevice::get(0)?.kernels()?.kernel(opsmith_kernels::names::F32.add)?;
+    /// assert_eq!(add.name(), "add_f32");
+    /// # Ok(()) }
+    /// ```
     pub fn kernels(&self) -> Result<&KernelModule> {
         if let Some(module) = self.0.kernels.get() {
             return Ok(module);

@@ -7,6 +7,10 @@ use std::sync::OnceLock;
 
 /// The block size opsmith's elementwise kernels launch with: small enough that 8 blocks fill a
 /// multiprocessor, large enough that block scheduling is not a cost.
+///
+/// ```
+/// assert_eq!(opsmith_host::cuda::DEFAULT_BLOCK % 32, 0); // whole warps
+/// ```
 pub const DEFAULT_BLOCK: u32 = 256;
 
 /// The largest grid (in blocks) along x that CUDA allows.
@@ -14,6 +18,16 @@ const MAX_GRID_X: u64 = (1 << 31) - 1;
 
 /// A 1-D launch configuration. Build it with [`LaunchConfig::grid_stride`] or by hand; every
 /// launch validates it.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Error, cuda::LaunchConfig};
+/// let cfg = LaunchConfig { grid: 4096, block: 256, shared_mem_bytes: 0 };
+/// cfg.validate("my_kernel")?;
+/// let ragged = LaunchConfig { block: 100, ..cfg }; // not whole warps
+/// assert!(matches!(ragged.validate("my_kernel"), Err(Error::InvalidBlockSize { block: 100, .. })));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchConfig {
     /// Blocks in the grid.
@@ -30,6 +44,19 @@ impl LaunchConfig {
     /// the device keeps resident at once for this kernel (from the driver's occupancy
     /// calculation, which accounts for its registers), since the kernel loops over the rest.
     /// A grid of exactly one wave leaves no partial second wave at the end.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::{CudaDevice, LaunchConfig};
+    /// let dev = CudaDevice::get(0)?;
+    /// let kernel = dev.kernels()?.kernel("add_f32")?;
+    /// let small = LaunchConfig::grid_stride(&kernel, 1000, 256)?;
+    /// assert_eq!(small.grid, 4); // one item per thread
+    /// let large = LaunchConfig::grid_stride(&kernel, 1 << 30, 256)?;
+    /// assert_eq!(large.grid, dev.sm_count() * kernel.max_active_blocks_per_sm(256)?); // one wave
+    /// # Ok(()) }
+    /// ```
     pub fn grid_stride(kernel: &Kernel, work_items: u64, block: u32) -> Result<Self> {
         check_block(kernel.name(), block)?;
         let needed = work_items.div_ceil(block as u64).max(1);
@@ -44,6 +71,14 @@ impl LaunchConfig {
     }
 
     /// Checks the block size and the grid size.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Error, cuda::LaunchConfig};
+    /// let empty = LaunchConfig { grid: 0, block: 256, shared_mem_bytes: 0 };
+    /// assert!(matches!(empty.validate("my_kernel"), Err(Error::InvalidGrid { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn validate(&self, kernel: &str) -> Result<()> {
         check_block(kernel, self.block)?;
         if self.grid == 0 || self.grid as u64 > MAX_GRID_X {
@@ -62,18 +97,46 @@ fn check_block(kernel: &str, block: u32) -> Result<()> {
 
 /// Converts an element count for a kernel that takes a 32-bit length, or returns
 /// [`Error::TooLarge`] naming `kernel`.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Error, cuda::len_as_u32};
+/// assert_eq!(len_as_u32("scale_f32", 1000)?, 1000);
+/// assert!(matches!(len_as_u32("scale_f32", 1 << 32), Err(Error::TooLarge { .. })));
+/// # Ok(()) }
+/// ```
 pub fn len_as_u32(kernel: &str, n: usize) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::TooLarge { op: kernel.into(), elements: n as u64, limit: u32::MAX as u64 })
 }
 
 /// Whether `OPSMITH_LAUNCH_BLOCKING=1` was set when the first launch happened: then every launch
 /// synchronizes its stream, so an asynchronous fault is reported by the launch that caused it.
+///
+/// ```
+/// if opsmith_host::cuda::launch_blocking() {
+///     println!("OPSMITH_LAUNCH_BLOCKING=1: every launch waits for its kernel");
+/// }
+/// ```
 pub fn launch_blocking() -> bool {
     static BLOCKING: OnceLock<bool> = OnceLock::new();
     *BLOCKING.get_or_init(|| std::env::var("OPSMITH_LAUNCH_BLOCKING").is_ok_and(|v| v == "1"))
 }
 
 /// One kernel parameter for [`Kernel::launch`].
+///
+/// Each variant passes a value of the width the kernel's parameter has; a tensor passes a
+/// pointer to its first element and tells the stream ordering whether the kernel reads it or
+/// writes it.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor, cuda::KernelArg};
+/// let x = Tensor::zeros([8], DType::F32, Device::Cpu)?;
+/// // scale_f32(const float* x, float* y, float a, unsigned int n), with y = x (in place):
+/// let args = [KernelArg::Input(&x), KernelArg::Output(&x), KernelArg::F32(2.0), KernelArg::U32(8)];
+/// assert_eq!(args.len(), 4);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub enum KernelArg<'a> {
     /// A tensor the kernel reads: passed as a pointer to its first element.

@@ -7,6 +7,23 @@
 //! * [`LaunchConfig`]: checked launch geometry.
 //! * [`can_access_peer`]: whether two GPUs of this host reach each other's memory directly.
 //! * [`require_cublas`]: whether cuBLAS (which `ops::matmul` uses) loads, with the fix if not.
+//!
+//! On a machine without a GPU, everything here returns an error rather than panicking, so code
+//! can probe and fall back to the CPU:
+//!
+//! ```
+//! # fn main() -> opsmith_host::Result<()> {
+//! use opsmith_host::cuda::{self, CudaDevice};
+//! match cuda::device_count() {
+//!     Ok(n) if n > 0 => {
+//!         let dev = CudaDevice::get(0)?;
+//!         println!("{} with {} SMs", dev.name()?, dev.sm_count());
+//!     }
+//!     Ok(_) | Err(opsmith_host::Error::NoCudaDriver) => println!("no GPU: ops run on the CPU"),
+//!     Err(e) => return Err(e),
+//! }
+//! # Ok(()) }
+//! ```
 pub(crate) mod blas;
 mod device;
 mod launch;
@@ -25,6 +42,15 @@ use crate::{Error, Result};
 use std::sync::OnceLock;
 
 /// Whether the CUDA driver library can be loaded on this machine.
+///
+/// A driver without devices is possible (a container without GPUs passed in); [`device_count`]
+/// tells.
+///
+/// ```
+/// if !opsmith_host::cuda::driver_available() {
+///     println!("no CUDA driver: install the NVIDIA driver to use a GPU");
+/// }
+/// ```
 pub fn driver_available() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
     // SAFETY: probing only loads the library by name and drops it; no driver call is made.
@@ -32,6 +58,11 @@ pub fn driver_available() -> bool {
 }
 
 /// The number of CUDA devices the driver reports; [`Error::NoCudaDriver`] without a driver.
+///
+/// ```
+/// let gpus = opsmith_host::cuda::device_count().unwrap_or(0);
+/// println!("{gpus} CUDA device(s)");
+/// ```
 pub fn device_count() -> Result<usize> {
     if !driver_available() {
         return Err(Error::NoCudaDriver);
@@ -48,6 +79,13 @@ pub fn device_count() -> Result<usize> {
 }
 
 /// The CUDA driver's version as (major, minor), e.g. (13, 0).
+///
+/// ```
+/// match opsmith_host::cuda::driver_version() {
+///     Ok((major, minor)) => println!("CUDA driver {major}.{minor}"),
+///     Err(e) => println!("{e}"), // Error::NoCudaDriver on a machine without one
+/// }
+/// ```
 pub fn driver_version() -> Result<(u32, u32)> {
     if !driver_available() {
         return Err(Error::NoCudaDriver);

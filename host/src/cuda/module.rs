@@ -10,29 +10,43 @@ use std::ffi::{CString, c_void};
 use std::sync::Arc;
 
 /// opsmith's kernels as PTX, compiled from `kernels-gpu` by `host/build.rs`.
+///
+/// ```
+/// let entries = opsmith_host::cuda::EMBEDDED_PTX.matches(".visible .entry").count();
+/// assert_eq!(entries, opsmith_kernels::names::all_kernel_names().count());
+/// ```
 pub const EMBEDDED_PTX: &str = include_str!(env!("OPSMITH_KERNELS_PTX"));
 
 /// The architecture [`EMBEDDED_PTX`] was generated for (`sm_70` unless `OPSMITH_PTX_ARCH` was
 /// set at build time). The driver compiles it for the actual GPU when the module loads.
+///
+/// ```
+/// use opsmith_host::cuda::{EMBEDDED_PTX, EMBEDDED_PTX_ARCH};
+/// assert!(EMBEDDED_PTX.contains(&format!(".target {EMBEDDED_PTX_ARCH}")));
+/// ```
 pub const EMBEDDED_PTX_ARCH: &str = env!("OPSMITH_KERNELS_ARCH");
 
 /// A PTX module loaded into one device's context.
 ///
-/// ```no_run
+/// ```standalone_crate
 /// # fn main() -> opsmith_host::Result<()> {
-/// use opsmith_host::cuda::{KernelArg, KernelModule, LaunchConfig};
-/// use opsmith_host::{Device, Tensor};
-/// let ptx = std::fs::read_to_string("scale.ptx").unwrap();
-/// let module = KernelModule::from_ptx(&Device::Cuda(0), "scale", &ptx)?;
+/// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+/// use opsmith_host::cuda::{KernelArg, KernelModule, LaunchConfig, len_as_u32};
+/// use opsmith_host::{DType, Device, Tensor};
+/// // scale_f32(x, y, a, n): y[i] = a * x[i] for i < n, one thread per element, a 32-bit n.
+/// let ptx = include_str!("../../../examples/ptx/scale.ptx");
+/// let module = KernelModule::from_ptx(&Device::Cuda(0), "scale", ptx)?;
 /// let kernel = module.kernel("scale_f32")?;
-/// let x = Tensor::from_vec(vec![1.0f32; 1000], [1000], Device::Cuda(0))?;
-/// let y = Tensor::zeros([1000], opsmith_host::DType::F32, Device::Cuda(0))?;
-/// let cfg = LaunchConfig::grid_stride(&kernel, 1000, 256)?;
-/// // SAFETY: scale_f32(const float*, float*, float, unsigned long long) reads and writes 1000 elements.
-/// unsafe {
-///     kernel.launch(&kernel.device().current_stream(), cfg,
-///         &[KernelArg::Input(&x), KernelArg::Output(&y), KernelArg::F32(2.0), KernelArg::U64(1000)])?;
-/// }
+/// let n = 1000;
+/// let x = Tensor::from_vec(vec![1.5f32; n], [n], Device::Cuda(0))?;
+/// let y = Tensor::full(f64::NAN, [n], DType::F32, Device::Cuda(0))?;
+/// let len = len_as_u32("scale_f32", n)?;
+/// // The kernel does not loop, so the grid must cover all n elements.
+/// let cfg = LaunchConfig { grid: len.div_ceil(256), block: 256, shared_mem_bytes: 0 };
+/// let args = [KernelArg::Input(&x), KernelArg::Output(&y), KernelArg::F32(2.0), KernelArg::U32(len)];
+/// // SAFETY: scale_f32 reads n f32 of x and writes n of y, which both hold; they do not overlap.
+/// unsafe { kernel.launch(&kernel.device().current_stream(), cfg, &args)? };
+/// assert_eq!(y.to_vec::<f32>()?, vec![3.0f32; n]);
 /// # Ok(()) }
 /// ```
 pub struct KernelModule {
@@ -68,6 +82,19 @@ impl KernelModule {
     ///
     /// The driver compiles the PTX for the device here; a rejection returns
     /// [`Error::ModuleLoad`] with the driver's JIT log.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Error, cuda::KernelModule};
+    /// // PTX loads on CUDA devices only.
+    /// let on_cpu = KernelModule::from_ptx(&Device::Cpu, "mine", ".version 7.0");
+    /// assert!(matches!(on_cpu, Err(Error::InvalidArgument { .. })));
+    /// # if !Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// // Text the driver rejects comes back with its log.
+    /// let broken = KernelModule::from_ptx(&Device::Cuda(0), "broken", ".version 7.0\n.target sm_70\nnot ptx");
+    /// assert!(matches!(broken, Err(Error::ModuleLoad { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn from_ptx(device: &Device, name: &str, ptx: &str) -> Result<Self> {
         let Device::Cuda(ordinal) = *device else {
             return Err(Error::InvalidArgument {
@@ -111,11 +138,32 @@ impl KernelModule {
     }
 
     /// The module's name.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::CudaDevice;
+    /// assert_eq!(CudaDevice::get(0)?.kernels()?.name(), "opsmith-kernels");
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// Looks up a kernel (a `.entry`) by name.
+    ///
+    /// A name the module does not define is [`Error::KernelNotFound`].
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Error, cuda::CudaDevice};
+    /// let dev = CudaDevice::get(0)?;
+    /// let module = dev.kernels()?;
+    /// let fma = module.kernel(opsmith_kernels::names::F16.fused_mul_add)?;
+    /// assert_eq!(fma.name(), "fused_mul_add_f16");
+    /// assert!(matches!(module.kernel("no_such_kernel"), Err(Error::KernelNotFound { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn kernel(&self, name: &str) -> Result<Kernel> {
         let mut functions = self.functions.lock();
         if let Some(k) = functions.get(name) {
@@ -139,6 +187,15 @@ impl KernelModule {
 }
 
 /// One kernel of a loaded module. Launch it with [`Kernel::launch`].
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+/// use opsmith_host::cuda::{CudaDevice, DEFAULT_BLOCK};
+/// let kernel = CudaDevice::get(0)?.kernels()?.kernel("add_f32")?;
+/// println!("{kernel:?}: {} blocks of {DEFAULT_BLOCK} per SM", kernel.max_active_blocks_per_sm(DEFAULT_BLOCK)?);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Kernel {
     name: Arc<str>,
@@ -161,17 +218,46 @@ impl std::fmt::Debug for Kernel {
 
 impl Kernel {
     /// The kernel's name.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::CudaDevice;
+    /// let kernel = CudaDevice::get(0)?.kernels()?.kernel("mul_bf16")?;
+    /// assert_eq!(kernel.name(), "mul_bf16");
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The device whose context the kernel is loaded in.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::CudaDevice;
+    /// let dev = CudaDevice::get(0)?;
+    /// assert_eq!(dev.kernels()?.kernel("add_f32")?.device(), &dev);
+    /// # Ok(()) }
+    /// ```
     pub fn device(&self) -> &CudaDevice {
         &self.module.device
     }
 
     /// How many blocks of `block` threads one multiprocessor keeps resident for this kernel
     /// (the driver's occupancy calculation, from its registers and shared memory).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::CudaDevice;
+    /// let dev = CudaDevice::get(0)?;
+    /// let kernel = dev.kernels()?.kernel("fused_mul_add_f32")?;
+    /// let blocks = kernel.max_active_blocks_per_sm(256)?;
+    /// assert!(blocks * 256 <= dev.max_threads_per_sm());
+    /// # Ok(()) }
+    /// ```
     pub fn max_active_blocks_per_sm(&self, block: u32) -> Result<u32> {
         let mut cache = self.occupancy.lock();
         if let Some(&(_, blocks)) = cache.iter().find(|(b, _)| *b == block) {
@@ -198,6 +284,27 @@ impl Kernel {
     /// What opsmith cannot check: that `args` match the kernel's parameter list in number, order
     /// and width, that the kernel stays inside each tensor's elements, and that it writes only
     /// the tensors passed as [`KernelArg::Output`].
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, LaunchConfig};
+    /// use opsmith_host::{DType, Tensor};
+    /// let dev = CudaDevice::get(0)?;
+    /// let kernel = dev.kernels()?.kernel(opsmith_kernels::names::F32.fused_mul_add)?;
+    /// let n = 10_000;
+    /// let a = Tensor::from_vec((0..n).map(|i| i as f32).collect(), [n], dev.device())?;
+    /// let d = Tensor::full(f64::NAN, [n], DType::F32, dev.device())?;
+    /// // The kernel loops over 4-element packs, so a grid-stride grid covers any n.
+    /// let cfg = LaunchConfig::grid_stride(&kernel, (n as u64).div_ceil(4), DEFAULT_BLOCK)?;
+    /// let (input, output) = (KernelArg::Input(&a), KernelArg::Output(&d));
+    /// let args = [input, input, input, output, KernelArg::U64(n as u64)]; // d = a * a + a
+    /// // SAFETY: fused_mul_add_f32(a, b, c, d, n) reads n f32 of a, b and c and writes n of d;
+    /// // d overlaps none of them.
+    /// unsafe { kernel.launch(&dev.current_stream(), cfg, &args)? };
+    /// assert_eq!(d.to_vec::<f32>()?[3], 3.0 * 3.0 + 3.0);
+    /// # Ok(()) }
+    /// ```
     pub unsafe fn launch(&self, stream: &Stream, cfg: LaunchConfig, args: &[KernelArg<'_>]) -> Result<()> {
         if stream.device() != self.device() {
             return Err(Error::DeviceMismatch {

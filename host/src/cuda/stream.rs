@@ -9,6 +9,25 @@ use std::sync::Arc;
 ///
 /// Tensors remember which stream last wrote them, so an op on another stream waits for that
 /// write without a manual synchronize.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+/// use opsmith_host::{Tensor, cuda::CudaDevice, ops};
+/// let dev = CudaDevice::get(0)?;
+/// let (producer, consumer) = (dev.new_stream()?, dev.new_stream()?);
+/// let x = Tensor::from_vec(vec![2.0f32; 1 << 16], [1 << 16], dev.device())?;
+/// let y = {
+///     let _on = producer.make_current();
+///     ops::mul(&x, &x)?
+/// };
+/// let z = {
+///     let _on = consumer.make_current();
+///     ops::add(&y, &x)? // waits for the producer's write of y
+/// };
+/// assert_eq!(z.to_vec::<f32>()?[0], 6.0);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Stream {
     device: CudaDevice,
@@ -32,6 +51,19 @@ pub(crate) fn current_for(device: &CudaDevice) -> Option<Stream> {
 }
 
 /// Restores the previous current stream when dropped. See [`Stream::make_current`].
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+/// use opsmith_host::cuda::CudaDevice;
+/// let dev = CudaDevice::get(0)?;
+/// let side = dev.new_stream()?;
+/// let guard = side.make_current();
+/// let here = dev.current_stream().record_event()?; // recorded on `side`
+/// drop(guard); // back to the default stream
+/// side.wait(&here)?;
+/// # Ok(()) }
+/// ```
 #[must_use = "the stream stops being current when the guard is dropped"]
 pub struct StreamGuard {
     // Not Send: the guard must drop on the thread whose stack it changed.
@@ -50,6 +82,15 @@ impl Stream {
     }
 
     /// The device this stream belongs to.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::CudaDevice;
+    /// let dev = CudaDevice::get(0)?;
+    /// assert_eq!(dev.new_stream()?.device(), &dev);
+    /// # Ok(()) }
+    /// ```
     pub fn device(&self) -> &CudaDevice {
         &self.device
     }
@@ -60,8 +101,9 @@ impl Stream {
 
     /// Makes this the stream that ops on its device use on this thread, until the guard drops.
     ///
-    /// ```no_run
+    /// ```
     /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
     /// use opsmith_host::{cuda::CudaDevice, ops, Device, Tensor};
     /// let dev = CudaDevice::get(0)?;
     /// let side = dev.new_stream()?;
@@ -78,11 +120,36 @@ impl Stream {
     }
 
     /// Blocks until all work queued on this stream has finished.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Tensor, cuda::CudaDevice, ops};
+    /// let dev = CudaDevice::get(0)?;
+    /// let x = Tensor::from_vec(vec![1.0f32; 1 << 20], [1 << 20], dev.device())?;
+    /// let _y = ops::add(&x, &x)?;
+    /// dev.current_stream().synchronize()?; // the add has finished
+    /// # Ok(()) }
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.inner.synchronize().map_err(|source| self.device.driver_error("cuStreamSynchronize", source))
     }
 
     /// Records an event at this point of the stream, with timing enabled.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Tensor, cuda::CudaDevice, ops};
+    /// let dev = CudaDevice::get(0)?;
+    /// let x = Tensor::from_vec(vec![1.0f32; 1 << 20], [1 << 20], dev.device())?;
+    /// let stream = dev.current_stream();
+    /// let start = stream.record_event()?;
+    /// let _y = ops::fused_mul_add(&x, &x, &x)?;
+    /// let end = stream.record_event()?;
+    /// println!("fused_mul_add of 2^20 f32: {:.3} ms", start.elapsed_ms(&end)?);
+    /// # Ok(()) }
+    /// ```
     pub fn record_event(&self) -> Result<Event> {
         let event = self
             .device
@@ -94,12 +161,34 @@ impl Stream {
     }
 
     /// Makes later work on this stream wait until `event` has completed.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::CudaDevice;
+    /// let dev = CudaDevice::get(0)?;
+    /// let (first, second) = (dev.new_stream()?, dev.new_stream()?);
+    /// let done = first.record_event()?;
+    /// second.wait(&done)?; // work queued on `second` from here on runs after `first`'s so far
+    /// second.synchronize()?;
+    /// # Ok(()) }
+    /// ```
     pub fn wait(&self, event: &Event) -> Result<()> {
         self.inner.wait(&event.inner).map_err(|source| self.device.driver_error("cuStreamWaitEvent", source))
     }
 }
 
 /// A point in a stream, for ordering other streams after it and for timing.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+/// use opsmith_host::cuda::CudaDevice;
+/// let stream = CudaDevice::get(0)?.current_stream();
+/// let (start, end) = (stream.record_event()?, stream.record_event()?);
+/// assert!(start.elapsed_ms(&end)? >= 0.0);
+/// # Ok(()) }
+/// ```
 pub struct Event {
     device: CudaDevice,
     inner: CudaEvent,
@@ -107,11 +196,37 @@ pub struct Event {
 
 impl Event {
     /// Blocks until the work before the event has finished.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Tensor, cuda::CudaDevice, ops};
+    /// let dev = CudaDevice::get(0)?;
+    /// let x = Tensor::from_vec(vec![1.0f32; 1 << 20], [1 << 20], dev.device())?;
+    /// let _y = ops::add(&x, &x)?;
+    /// dev.current_stream().record_event()?.synchronize()?; // the add has finished
+    /// # Ok(()) }
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.inner.synchronize().map_err(|source| self.device.driver_error("cuEventSynchronize", source))
     }
 
     /// Milliseconds between this event and a later one (both must have completed).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Tensor, cuda::CudaDevice, ops};
+    /// let dev = CudaDevice::get(0)?;
+    /// let x = Tensor::from_vec(vec![1.0f32; 1 << 22], [1 << 22], dev.device())?;
+    /// let stream = dev.current_stream();
+    /// let start = stream.record_event()?;
+    /// let _y = ops::add(&x, &x)?;
+    /// let end = stream.record_event()?;
+    /// let ms = start.elapsed_ms(&end)?; // waits for `end` first
+    /// println!("{:.0} GB/s", 3.0 * 4.0 * (1u64 << 22) as f64 / ms as f64 / 1e6);
+    /// # Ok(()) }
+    /// ```
     pub fn elapsed_ms(&self, later: &Event) -> Result<f32> {
         later.synchronize()?;
         self.inner.elapsed_ms(&later.inner).map_err(|source| self.device.driver_error("cuEventElapsedTime", source))

@@ -12,6 +12,19 @@
 //! add their products in another order on each device and agree to within f32 rounding.
 //!
 //! The optimizer steps ([`sgd_step`], [`adam_step`]) update their tensors in place.
+//!
+//! ```
+//! # fn main() -> opsmith_host::Result<()> {
+//! use opsmith_host::{DType, Device, Tensor, ops};
+//! let device = Device::cuda_if_available();
+//! let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], device)?;
+//! let y = ops::fused_mul_add(&x, &x, &x)?; // a new tensor: x * x + x
+//! let out = Tensor::zeros([3], DType::F32, device)?;
+//! ops::fused_mul_add_into(&x, &x, &x, &out)?; // the same, into `out`
+//! ops::add_into(&out, &y, &out)?; // in place: out = out + y
+//! assert_eq!(out.to_vec::<f32>()?, [4.0, 12.0, 24.0]);
+//! # Ok(()) }
+//! ```
 mod activation;
 pub(crate) mod check;
 mod cpu;
@@ -126,6 +139,16 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// `out = a + b`, into an existing tensor.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor, ops};
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
+/// let out = Tensor::zeros([2], DType::F32, Device::Cpu)?;
+/// ops::add_into(&a, &a, &out)?;
+/// assert_eq!(out.to_vec::<f32>()?, [2.0, 4.0]);
+/// # Ok(()) }
+/// ```
 pub fn add_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
     run(Elementwise::Add, &[a, b], &[out])
 }
@@ -146,6 +169,16 @@ pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// `out = a - b`, into an existing tensor.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Device, Tensor, ops};
+/// let a = Tensor::from_vec(vec![5.0f32, 2.0], [2], Device::Cpu)?;
+/// let b = Tensor::from_vec(vec![1.0f32, 3.0], [2], Device::Cpu)?;
+/// ops::sub_into(&a, &b, &a)?; // in place
+/// assert_eq!(a.to_vec::<f32>()?, [4.0, -1.0]);
+/// # Ok(()) }
+/// ```
 pub fn sub_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
     run(Elementwise::Sub, &[a, b], &[out])
 }
@@ -166,21 +199,55 @@ pub fn affine(x: &Tensor, alpha: f64, beta: f64) -> Result<Tensor> {
 }
 
 /// `out = x * alpha + beta`, into an existing tensor.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor, ops};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
+/// let out = Tensor::zeros([2], DType::F32, Device::Cpu)?;
+/// ops::affine_into(&x, 0.5, -1.0, &out)?;
+/// assert_eq!(out.to_vec::<f32>()?, [-0.5, 0.0]);
+/// # Ok(()) }
+/// ```
 pub fn affine_into(x: &Tensor, alpha: f64, beta: f64, out: &Tensor) -> Result<()> {
     run(Elementwise::Affine { alpha, beta }, &[x], &[out])
 }
 
 /// `-x`.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Device, Tensor, ops};
+/// let x = Tensor::from_vec(vec![1.0f32, -0.0], [2], Device::Cpu)?;
+/// assert_eq!(ops::neg(&x)?.to_vec::<f32>()?, [-1.0, 0.0]);
+/// # Ok(()) }
+/// ```
 pub fn neg(x: &Tensor) -> Result<Tensor> {
     affine(x, -1.0, 0.0)
 }
 
 /// `x * alpha` for a scalar `alpha`.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Device, Tensor, ops};
+/// let x = Tensor::from_vec(vec![1.0f32, -2.0], [2], Device::Cpu)?;
+/// assert_eq!(ops::scale(&x, 0.25)?.to_vec::<f32>()?, [0.25, -0.5]);
+/// # Ok(()) }
+/// ```
 pub fn scale(x: &Tensor, alpha: f64) -> Result<Tensor> {
     affine(x, alpha, 0.0)
 }
 
 /// `x + beta` for a scalar `beta`.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Device, Tensor, ops};
+/// let x = Tensor::from_vec(vec![1.0f32, -2.0], [2], Device::Cpu)?;
+/// assert_eq!(ops::add_scalar(&x, 0.5)?.to_vec::<f32>()?, [1.5, -1.5]);
+/// # Ok(()) }
+/// ```
 pub fn add_scalar(x: &Tensor, beta: f64) -> Result<Tensor> {
     affine(x, 1.0, beta)
 }
@@ -200,6 +267,16 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// `out = a * b`, into an existing tensor.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor, ops};
+/// let a = Tensor::from_vec(vec![1.5f32, -2.0], [2], Device::Cpu)?;
+/// let out = Tensor::zeros([2], DType::F32, Device::Cpu)?;
+/// ops::mul_into(&a, &a, &out)?;
+/// assert_eq!(out.to_vec::<f32>()?, [2.25, 4.0]);
+/// # Ok(()) }
+/// ```
 pub fn mul_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
     run(Elementwise::Mul, &[a, b], &[out])
 }
@@ -224,6 +301,21 @@ pub fn fused_mul_add(a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
 }
 
 /// `d = a * b + c`, into an existing tensor.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor, ops};
+/// let a = Tensor::from_vec(vec![2.0f32, 3.0], [2], Device::Cpu)?;
+/// let d = Tensor::zeros([2], DType::F32, Device::Cpu)?;
+/// ops::fused_mul_add_into(&a, &a, &a, &d)?;
+/// assert_eq!(d.to_vec::<f32>()?, [6.0, 12.0]);
+/// // An output may be exactly an input (in place), but may not partly overlap one.
+/// let buf = Tensor::zeros([3], DType::F32, Device::Cpu)?;
+/// let (head, tail) = (buf.narrow(0, 2)?, buf.narrow(1, 2)?);
+/// let overlap = ops::fused_mul_add_into(&head, &head, &head, &tail);
+/// assert!(matches!(overlap, Err(opsmith_host::Error::Overlap { op: "fused_mul_add", output: 0 })));
+/// # Ok(()) }
+/// ```
 pub fn fused_mul_add_into(a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Result<()> {
     run(Elementwise::FusedMulAdd, &[a, b, c], &[d])
 }
@@ -245,6 +337,16 @@ pub fn add_mul(x: &Tensor, y: &Tensor, w: &Tensor) -> Result<Tensor> {
 }
 
 /// `z = (x + y) * w`, into an existing tensor.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor, ops};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
+/// let z = Tensor::zeros([2], DType::F32, Device::Cpu)?;
+/// ops::add_mul_into(&x, &x, &x, &z)?;
+/// assert_eq!(z.to_vec::<f32>()?, [2.0, 8.0]);
+/// # Ok(()) }
+/// ```
 pub fn add_mul_into(x: &Tensor, y: &Tensor, w: &Tensor, z: &Tensor) -> Result<()> {
     run(Elementwise::AddMul, &[x, y, w], &[z])
 }
@@ -267,6 +369,18 @@ pub fn add_mul_backward(g: &Tensor, x: &Tensor, y: &Tensor, w: &Tensor) -> Resul
 }
 
 /// The backward of `(x + y) * w`, into existing tensors `gxy` and `gw`.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor, ops};
+/// let t = |v: Vec<f32>| Tensor::from_vec(v, [2], Device::Cpu);
+/// let (g, x, y, w) = (t(vec![1.0, 2.0])?, t(vec![1.0, 2.0])?, t(vec![3.0, 4.0])?, t(vec![0.5, 2.0])?);
+/// let (gxy, gw) = (Tensor::zeros([2], DType::F32, Device::Cpu)?, Tensor::zeros([2], DType::F32, Device::Cpu)?);
+/// ops::add_mul_backward_into(&g, &x, &y, &w, &gxy, &gw)?;
+/// assert_eq!(gxy.to_vec::<f32>()?, [0.5, 4.0]); // g * w
+/// assert_eq!(gw.to_vec::<f32>()?, [4.0, 12.0]); // g * (x + y)
+/// # Ok(()) }
+/// ```
 pub fn add_mul_backward_into(g: &Tensor, x: &Tensor, y: &Tensor, w: &Tensor, gxy: &Tensor, gw: &Tensor) -> Result<()> {
     run(Elementwise::AddMulBackward, &[g, x, y, w], &[gxy, gw])
 }

@@ -1,4 +1,12 @@
 //! The tensor type.
+//!
+//! ```
+//! # fn main() -> opsmith_host::Result<()> {
+//! use opsmith_host::{DType, Device, Tensor};
+//! let t = Tensor::full(0.5, [2, 3], DType::BF16, Device::Cpu)?;
+//! assert_eq!((t.dims(), t.dtype(), t.device()), (&[2, 3][..], DType::BF16, Device::Cpu));
+//! # Ok(()) }
+//! ```
 mod shape;
 #[doc(hidden)]
 pub mod storage;
@@ -59,6 +67,16 @@ fn element_count(op: &'static str, shape: &Shape) -> Result<usize> {
 
 impl Tensor {
     /// A tensor holding `data` in row-major order.
+    ///
+    /// A `data` whose length is not the shape's element count is [`Error::ElementCount`].
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3], Device::Cpu)?;
+    /// assert_eq!(t.dims(), [2, 3]);
+    /// assert!(Tensor::from_vec(vec![1.0f32; 5], [2, 3], Device::Cpu).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>, device: Device) -> Result<Tensor> {
         let shape = shape.into();
         let expected = element_count("Tensor::from_vec", &shape)?;
@@ -103,17 +121,43 @@ impl Tensor {
 
     /// The elements as f64 in row-major order, whatever the dtype (exact: every dtype widens to
     /// f64 without rounding).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor, f16};
+    /// let t = Tensor::from_vec(vec![f16::from_f32(0.1)], [1], Device::Cpu)?;
+    /// assert_eq!(t.to_vec_f64()?, [0.0999755859375]); // the f16 nearest 0.1, exactly
+    /// # Ok(()) }
+    /// ```
     pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
         with_element_type!(self.dtype, T => Ok(self.to_vec::<T>()?.into_iter().map(T::to_f64).collect()))
     }
 
     /// A tensor holding a copy of `data` in row-major order.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let data = [1.0f64, 2.0, 3.0];
+    /// let t = Tensor::from_slice(&data, [3], Device::Cpu)?;
+    /// assert_eq!(t.to_vec::<f64>()?, data);
+    /// # Ok(()) }
+    /// ```
     pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>, device: Device) -> Result<Tensor> {
         Tensor::from_vec(data.to_vec(), shape, device)
     }
 
     /// A tensor with the shape and values of an `ndarray` array, in row-major order whatever the
     /// array's own layout.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let a = ndarray::array![[1.0f32, 2.0], [3.0, 4.0]];
+    /// let t = Tensor::from_array(&a.t(), Device::Cpu)?; // a transposed (column-major) view
+    /// assert_eq!(t.to_vec::<f32>()?, [1.0, 3.0, 2.0, 4.0]);
+    /// # Ok(()) }
+    /// ```
     pub fn from_array<T: Element, S: Data<Elem = T>, D: Dimension>(
         array: &ArrayBase<S, D>,
         device: Device,
@@ -123,6 +167,14 @@ impl Tensor {
     }
 
     /// A tensor of `shape` with every element `value` (rounded to `dtype`).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor, bf16};
+    /// let t = Tensor::full(0.1, [2], DType::BF16, Device::Cpu)?;
+    /// assert_eq!(t.to_vec::<bf16>()?, [bf16::from_f64(0.1); 2]);
+    /// # Ok(()) }
+    /// ```
     pub fn full(value: f64, shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
         let shape = shape.into();
         let n = element_count("Tensor::full", &shape)?;
@@ -143,6 +195,14 @@ impl Tensor {
     }
 
     /// A tensor of zeros.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let t = Tensor::zeros([2, 2], DType::F32, Device::Cpu)?;
+    /// assert_eq!(t.to_vec::<f32>()?, [0.0; 4]);
+    /// # Ok(()) }
+    /// ```
     pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
         Tensor::full(0.0, shape, dtype, device)
     }
@@ -168,43 +228,109 @@ impl Tensor {
     }
 
     /// The shape.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Shape, Tensor};
+    /// let t = Tensor::zeros([2, 3], DType::F32, Device::Cpu)?;
+    /// assert_eq!(t.shape(), &Shape::from([2, 3]));
+    /// # Ok(()) }
+    /// ```
     pub fn shape(&self) -> &Shape {
         &self.shape
     }
 
     /// The dimensions.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let t = Tensor::zeros([2, 3], DType::F32, Device::Cpu)?;
+    /// assert_eq!(t.dims(), [2, 3]);
+    /// # Ok(()) }
+    /// ```
     pub fn dims(&self) -> &[usize] {
         self.shape.dims()
     }
 
     /// The element type.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// assert_eq!(Tensor::zeros([1], DType::F16, Device::Cpu)?.dtype(), DType::F16);
+    /// # Ok(()) }
+    /// ```
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
     /// The device the memory lives on.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let device = Device::cuda_if_available();
+    /// assert_eq!(Tensor::zeros([1], DType::F32, device)?.device(), device);
+    /// # Ok(()) }
+    /// ```
     pub fn device(&self) -> Device {
         self.device
     }
 
     /// The number of elements.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// assert_eq!(Tensor::zeros([2, 3], DType::F32, Device::Cpu)?.elem_count(), 6);
+    /// assert_eq!(Tensor::zeros([0, 3], DType::F32, Device::Cpu)?.elem_count(), 0);
+    /// # Ok(()) }
+    /// ```
     pub fn elem_count(&self) -> usize {
         // Every constructor checked that the product fits.
         self.shape.checked_elem_count().unwrap_or(0)
     }
 
     /// The position of the first element in the underlying storage, in elements.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let t = Tensor::zeros([10], DType::F32, Device::Cpu)?;
+    /// assert_eq!(t.narrow(3, 4)?.offset(), 3);
+    /// # Ok(()) }
+    /// ```
     pub fn offset(&self) -> usize {
         self.offset
     }
 
     /// Whether `self` and `other` share memory (one is a view of the other, or both of a third).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let t = Tensor::zeros([4], DType::F32, Device::Cpu)?;
+    /// assert!(t.reshape([2, 2])?.shares_storage(&t));
+    /// assert!(!t.copy()?.shares_storage(&t));
+    /// # Ok(()) }
+    /// ```
     pub fn shares_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
 
     /// A counter of writes to this tensor's storage; it changes whenever an op writes into the
     /// storage in place.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor, ops};
+    /// let x = Tensor::full(1.0, [4], DType::F32, Device::Cpu)?;
+    /// let before = x.version();
+    /// ops::add_into(&x, &x, &x)?; // in place
+    /// assert_ne!(x.version(), before);
+    /// # Ok(()) }
+    /// ```
     pub fn version(&self) -> u64 {
         self.storage.version()
     }
@@ -213,6 +339,15 @@ impl Tensor {
     ///
     /// This is how data at an arbitrary offset (and so at an arbitrary alignment) reaches the
     /// kernels; they take a scalar path when a pointer is not 16-byte aligned.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), [2, 3], Device::Cpu)?;
+    /// assert_eq!(t.narrow(2, 3)?.to_vec::<f32>()?, [2.0, 3.0, 4.0]);
+    /// assert!(t.narrow(4, 3).is_err()); // past the end: Error::OutOfRange
+    /// # Ok(()) }
+    /// ```
     pub fn narrow(&self, start: usize, len: usize) -> Result<Tensor> {
         let n = self.elem_count();
         let end = start.checked_add(len).filter(|&e| e <= n);
@@ -223,6 +358,16 @@ impl Tensor {
     }
 
     /// The same elements under another shape with the same element count, sharing memory.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), [6], Device::Cpu)?;
+    /// let m = t.reshape([3, 2])?;
+    /// assert_eq!(m.dims(), [3, 2]);
+    /// assert!(t.reshape([4, 2]).is_err()); // 8 elements: Error::ElementCount
+    /// # Ok(()) }
+    /// ```
     pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
         let expected = element_count("Tensor::reshape", &shape)?;
@@ -239,6 +384,15 @@ impl Tensor {
 
     /// The elements in row-major order. Fails with [`Error::ElementType`] if `T` is not the
     /// tensor's dtype. On CUDA this waits for the work that writes the tensor.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
+    /// assert_eq!(t.to_vec::<f32>()?, [1.0, 2.0]);
+    /// assert!(t.to_vec::<f64>().is_err()); // Error::ElementType: the tensor holds f32
+    /// # Ok(()) }
+    /// ```
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype {
             return Err(Error::ElementType { op: "Tensor::to_vec", requested: T::DTYPE, actual: self.dtype });
@@ -275,6 +429,15 @@ impl Tensor {
     }
 
     /// The tensor as an `ndarray` array of its shape.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], Device::Cpu)?;
+    /// let a = t.to_array::<f32>()?;
+    /// assert_eq!(a[[1, 0]], 3.0);
+    /// # Ok(()) }
+    /// ```
     pub fn to_array<T: Element>(&self) -> Result<ArrayD<T>> {
         let data = self.to_vec::<T>()?;
         ArrayD::from_shape_vec(IxDyn(self.dims()), data)
@@ -313,6 +476,16 @@ impl Tensor {
     }
 
     /// A fresh contiguous copy on the same device.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
+    /// let c = t.copy()?;
+    /// t.fill_(0.0)?;
+    /// assert_eq!(c.to_vec::<f32>()?, [1.0, 2.0]); // the copy kept its values
+    /// # Ok(()) }
+    /// ```
     pub fn copy(&self) -> Result<Tensor> {
         match self.device {
             Device::Cpu => {
@@ -329,6 +502,15 @@ impl Tensor {
 
     /// The values converted to `dtype` (rounded to nearest even), as a new tensor on the same
     /// device. Goes through host memory.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor, f16};
+    /// let t = Tensor::from_vec(vec![1.0f32, 65520.0], [2], Device::Cpu)?;
+    /// let h = t.to_dtype(DType::F16)?;
+    /// assert_eq!(h.to_vec::<f16>()?, [f16::ONE, f16::INFINITY]); // 65520 rounds past f16's largest
+    /// # Ok(()) }
+    /// ```
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
         let values: Vec<f64> =
             with_element_type!(self.dtype, T => self.to_vec::<T>()?.into_iter().map(T::to_f64).collect());
@@ -337,12 +519,30 @@ impl Tensor {
 
     /// Sets every element to `value` (rounded to the dtype), in place: every view of the same
     /// memory sees it. Tests use it to poison outputs.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let t = Tensor::zeros([4], DType::F32, Device::Cpu)?;
+    /// t.narrow(1, 2)?.fill_(7.0)?;
+    /// assert_eq!(t.to_vec::<f32>()?, [0.0, 7.0, 7.0, 0.0]);
+    /// # Ok(()) }
+    /// ```
     pub fn fill_(&self, value: f64) -> Result<()> {
         let n = self.elem_count();
         with_element_type!(self.dtype, T => self.write_values::<T>(&vec![T::from_f64(value); n]))
     }
 
     /// Overwrites this tensor's elements with `src`'s (same shape, dtype and device), in place.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let dst = Tensor::zeros([2], DType::F32, Device::Cpu)?;
+    /// dst.copy_from_(&Tensor::from_vec(vec![3.0f32, 4.0], [2], Device::Cpu)?)?;
+    /// assert_eq!(dst.to_vec::<f32>()?, [3.0, 4.0]);
+    /// # Ok(()) }
+    /// ```
     pub fn copy_from_(&self, src: &Tensor) -> Result<()> {
         crate::ops::check::same_layout("Tensor::copy_from_", &[self, src])?;
         match (&self.storage.data, &src.storage.data) {
@@ -409,6 +609,17 @@ impl Tensor {
 
     /// The device address of the first element (CUDA tensors only), for diagnostics and tests of
     /// alignment.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let t = Tensor::zeros([16], DType::F32, Device::cuda_if_available())?;
+    /// match t.device_address() {
+    ///     Some(address) => assert_eq!(t.narrow(1, 4)?.device_address(), Some(address + 4)),
+    ///     None => assert_eq!(t.device(), Device::Cpu),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn device_address(&self) -> Option<u64> {
         match &self.storage.data {
             StorageData::Cpu(_) => None,

@@ -1,21 +1,47 @@
 //! Tensor shapes.
 
 /// The dimensions of a tensor, outermost first. A shape of no dimensions is a scalar.
+///
+/// Functions that take a shape take `impl Into<Shape>`: an array, a slice, a `Vec` or one
+/// length.
+///
+/// ```
+/// use opsmith_host::Shape;
+/// assert_eq!(Shape::from([2, 3]), Shape::from(vec![2, 3]));
+/// assert_eq!(Shape::from(5).dims(), [5]);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Shape(Vec<usize>);
 
 impl Shape {
     /// The dimensions.
+    ///
+    /// ```
+    /// assert_eq!(opsmith_host::Shape::from([4, 1]).dims(), [4, 1]);
+    /// ```
     pub fn dims(&self) -> &[usize] {
         &self.0
     }
 
     /// The number of dimensions.
+    ///
+    /// ```
+    /// use opsmith_host::Shape;
+    /// assert_eq!(Shape::from([4, 1]).rank(), 2);
+    /// assert_eq!(Shape::from([]).rank(), 0); // a scalar
+    /// ```
     pub fn rank(&self) -> usize {
         self.0.len()
     }
 
     /// The number of elements, or `None` if the product overflows `usize`.
+    ///
+    /// ```
+    /// use opsmith_host::Shape;
+    /// assert_eq!(Shape::from([2, 3]).checked_elem_count(), Some(6));
+    /// assert_eq!(Shape::from([]).checked_elem_count(), Some(1));
+    /// assert_eq!(Shape::from([usize::MAX, 2]).checked_elem_count(), None);
+    /// ```
     pub fn checked_elem_count(&self) -> Option<usize> {
         self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
     }
