@@ -17,19 +17,22 @@
 //! ```
 //!
 //! Layout: [`device`] names devices; [`cuda`] holds the CUDA runtime (contexts, streams,
-//! events, modules, launches); [`tensor`] the tensor type; [`ops`] the operations, each with its
-//! CPU and CUDA halves side by side; [`error`] the one error type.
+//! events, modules, launches); [`tensor`] the tensor type; [`labels`] class labels for the
+//! losses; [`ops`] the operations, each with its CPU and CUDA halves side by side; [`error`] the
+//! one error type.
 #![warn(missing_docs)]
 
 pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod labels;
 pub mod ops;
 pub mod tensor;
 
 pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
+pub use labels::Labels;
 pub use half::{bf16, f16};
 pub use tensor::{Shape, Tensor};

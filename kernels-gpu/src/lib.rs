@@ -21,10 +21,12 @@ pub mod convert;
 #[cfg(target_arch = "nvptx64")]
 pub mod device;
 mod elementwise;
+mod loss;
 pub mod names;
 mod reduction;
+mod softmax;
 
-pub use names::{ElementwiseKernels, ReductionKernels};
+pub use names::{ElementwiseKernels, LossKernels, ReductionKernels, SoftmaxKernels};
 
 /// The kernels never unwind: a panic on the device stops the thread with a trap, which the host
 /// sees as a launch failure naming the kernel.

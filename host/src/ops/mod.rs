@@ -11,9 +11,13 @@
 pub(crate) mod check;
 mod cpu;
 mod cuda;
+mod loss;
 mod reduce;
+mod softmax;
 
+pub use loss::{cross_entropy, cross_entropy_backward, mse_loss, mse_loss_backward};
 pub use reduce::{add_row, expand_scalar, mean, sum, sum_rows};
+pub use softmax::{softmax, softmax_backward};
 
 use crate::{Device, Result, Tensor};
 
