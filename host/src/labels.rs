@@ -52,12 +52,9 @@ impl Labels {
                 let device = CudaDevice::get(ordinal)?;
                 let stream = device.current_stream();
                 device.bind()?;
-                let values = if values.is_empty() {
-                    stream.raw().null::<u32>()
-                } else {
-                    stream.raw().clone_htod(values)
-                }
-                .map_err(|e| Error::from_alloc(device.device(), std::mem::size_of_val(values), e))?;
+                let values =
+                    if values.is_empty() { stream.raw().null::<u32>() } else { stream.raw().clone_htod(values) }
+                        .map_err(|e| Error::from_alloc(device.device(), std::mem::size_of_val(values), e))?;
                 LabelData::Cuda { device, values: Arc::new(values) }
             }
         };

@@ -33,6 +33,6 @@ pub mod tensor;
 pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use labels::Labels;
 pub use half::{bf16, f16};
+pub use labels::Labels;
 pub use tensor::{Shape, Tensor};

@@ -15,9 +15,10 @@ const TILE: usize = 32;
 mod imp {
     use super::TILE;
     use crate::device::element::Element;
+    use crate::device::index::GridStride;
     use crate::device::logsumexp::{ExpSum, exp_bias, exp_shifted, reciprocal_or_zero};
     use crate::device::math::{LN_2, log2};
-    use crate::device::rows::{RowLanes, WarpRows, rows_packable};
+    use crate::device::rows::{RowLanes, rows_packable};
     use crate::device::warp::lane_id;
 
     /// The cross-entropy kernels' parameters; `out` is the f32 loss per row (forward) or the
@@ -77,7 +78,7 @@ mod imp {
     #[inline(always)]
     unsafe fn cross_entropy_rows<T: Element, const PACKED: bool>(p: Rows<T, f32>) {
         let lanes = RowLanes::<T, TILE, PACKED>::new(p.cols);
-        for r in WarpRows::over(p.rows) {
+        for r in GridStride::over_warps(p.rows) {
             // SAFETY: r < rows, so the row and its label are inside their arrays; every lane of
             // the warp runs the same rows, so the warp is converged in `row_stats`.
             let (x, label) = unsafe { (p.logits.add((r * p.cols) as usize), p.labels.add(r as usize).read() as u64) };
@@ -99,7 +100,7 @@ mod imp {
     #[inline(always)]
     unsafe fn cross_entropy_backward_rows<T: Element, const PACKED: bool>(p: Rows<T, T>) {
         let lanes = RowLanes::<T, TILE, PACKED>::new(p.cols);
-        for r in WarpRows::over(p.rows) {
+        for r in GridStride::over_warps(p.rows) {
             let start = (r * p.cols) as usize;
             // SAFETY: r < rows, so the rows and the label are inside their arrays.
             let (x, gx, label) = unsafe { (p.logits.add(start), p.out.add(start), p.labels.add(r as usize).read()) };

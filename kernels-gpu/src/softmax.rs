@@ -21,9 +21,10 @@ const LONG_TILE: usize = 32;
 #[cfg(target_arch = "nvptx64")]
 mod imp {
     use crate::device::element::Element;
+    use crate::device::index::GridStride;
     use crate::device::logsumexp::{ExpSum, exp_bias, exp_shifted, local_max, reciprocal_or_zero};
     use crate::device::math::fma;
-    use crate::device::rows::{RowLanes, WarpRows, rows_packable};
+    use crate::device::rows::{RowLanes, rows_packable};
     use crate::device::unroll::{Count, Unrolled, fold, from_fn};
     use crate::device::warp::{warp_max, warp_sum};
 
@@ -77,7 +78,7 @@ mod imp {
         Count<V>: Unrolled,
     {
         let lanes = RowLanes::<T, V, PACKED>::new(p.cols);
-        for r in WarpRows::over(p.rows) {
+        for r in GridStride::over_warps(p.rows) {
             // `mask_rows > 0` when MASK; `checked_rem` spares a division-by-zero panic path.
             let mask_row = r.checked_rem(p.mask_rows).unwrap_or(0);
             // SAFETY: r < rows and mask_row < mask_rows, so each row start is inside its matrix.
@@ -176,7 +177,7 @@ mod imp {
     {
         let lanes = RowLanes::<T, V, PACKED>::new(p.cols);
         let dot = |g: &[f32; V], y: &[f32; V]| fold::<V, f32>(0.0, |acc, s| fma(g[s], y[s], acc));
-        for r in WarpRows::over(p.rows) {
+        for r in GridStride::over_warps(p.rows) {
             let start = (r * p.cols) as usize;
             // SAFETY: r < rows, so each row start is inside its matrix.
             let (g, y, gx) = unsafe { (p.g.add(start), p.y.add(start), p.gx.add(start)) };

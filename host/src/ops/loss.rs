@@ -8,7 +8,7 @@
 use super::check;
 use super::cuda::{check_launch_len, dtype_table};
 use super::reduce::{cuda_device, finish_sum, launch, reduce_partials};
-use super::softmax::{Real, launch_rows, reciprocal_or_zero, row_max_sum};
+use super::softmax::{launch_rows, reciprocal_or_zero, row_max_sum};
 use crate::cuda::KernelArg;
 use crate::dtype::{Accumulator, with_element_type};
 use crate::{DType, Device, Element, Error, Labels, Result, Shape, Tensor};
@@ -32,10 +32,9 @@ fn classification(op: &'static str, logits: &Tensor, labels: &Labels) -> Result<
         return Err(Error::InvalidArgument { op, reason: "the mean over zero rows is undefined".into() });
     }
     match labels.max() {
-        Some(label) if label as usize >= classes => Err(Error::InvalidArgument {
-            op,
-            reason: format!("label {label} is out of range for {classes} classes"),
-        }),
+        Some(label) if label as usize >= classes => {
+            Err(Error::InvalidArgument { op, reason: format!("label {label} is out of range for {classes} classes") })
+        }
         _ => Ok((rows, classes)),
     }
 }
@@ -81,7 +80,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
     match logits.device() {
         Device::Cpu => {
             let labels = host_labels("cross_entropy", labels)?;
-            with_element_type!(logits.dtype(), T => cross_entropy_cpu::<T>(logits, labels, classes))
+            cross_entropy_cpu(logits, labels, classes)
         }
         Device::Cuda(_) => {
             let table = dtype_table("cross_entropy", logits, ALL_LOSS)?;
@@ -107,17 +106,17 @@ pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
     }
 }
 
-fn cross_entropy_cpu<T: Element>(logits: &Tensor, labels: &[u32], classes: usize) -> Result<Tensor>
-where
-    T::Acc: Real,
-{
-    let xs = logits.to_vec::<T>()?;
-    let mut total = 0.0f64;
-    for (row, &label) in xs.chunks(classes).zip(labels) {
-        let z: Vec<T::Acc> = row.iter().map(|v| v.to_acc()).collect();
-        let (max, sum) = row_max_sum(&z);
-        total += Accumulator::to_f64((max - z[label as usize]) + sum.ln());
-    }
+/// In f64 (every dtype widens to it exactly), rounded once.
+fn cross_entropy_cpu(logits: &Tensor, labels: &[u32], classes: usize) -> Result<Tensor> {
+    let xs = logits.to_vec_f64()?;
+    let total: f64 = xs
+        .chunks(classes)
+        .zip(labels)
+        .map(|(z, &label)| {
+            let (max, sum) = row_max_sum(z);
+            (max - z[label as usize]) + sum.ln()
+        })
+        .sum();
     Tensor::from_f64(&[total / labels.len() as f64], Shape::from(Vec::new()), logits.dtype(), Device::Cpu)
 }
 
@@ -142,7 +141,7 @@ pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> R
     match logits.device() {
         Device::Cpu => {
             let labels = host_labels("cross_entropy_backward", labels)?;
-            with_element_type!(logits.dtype(), T => cross_entropy_backward_cpu::<T>(g, logits, labels, classes))
+            cross_entropy_backward_cpu(g, logits, labels, classes)
         }
         Device::Cuda(_) => {
             let table = dtype_table("cross_entropy_backward", logits, ALL_LOSS)?;
@@ -168,23 +167,20 @@ pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> R
     }
 }
 
-fn cross_entropy_backward_cpu<T: Element>(g: &Tensor, logits: &Tensor, labels: &[u32], classes: usize) -> Result<Tensor>
-where
-    T::Acc: Real,
-{
-    let coef = g.to_vec::<T>()?[0].to_acc() * T::Acc::from_f64(1.0 / labels.len() as f64);
-    let xs = logits.to_vec::<T>()?;
+/// In f64, each output rounded once.
+fn cross_entropy_backward_cpu(g: &Tensor, logits: &Tensor, labels: &[u32], classes: usize) -> Result<Tensor> {
+    let coef = g.to_vec_f64()?[0] / labels.len() as f64;
+    let xs = logits.to_vec_f64()?;
     let mut out = Vec::with_capacity(xs.len());
-    for (row, &label) in xs.chunks(classes).zip(labels) {
-        let z: Vec<T::Acc> = row.iter().map(|v| v.to_acc()).collect();
-        let (max, sum) = row_max_sum(&z);
+    for (z, &label) in xs.chunks(classes).zip(labels) {
+        let (max, sum) = row_max_sum(z);
         let inv = reciprocal_or_zero(sum);
         out.extend(z.iter().enumerate().map(|(c, &v)| {
-            let target = if c == label as usize { T::Acc::ONE } else { T::Acc::ZERO };
-            T::from_acc(((v - max).exp() * inv - target) * coef)
+            let target = if c == label as usize { 1.0 } else { 0.0 };
+            ((v - max).exp() * inv - target) * coef
         }));
     }
-    Tensor::from_vec(out, logits.shape().clone(), Device::Cpu)
+    Tensor::from_f64(&out, logits.shape().clone(), logits.dtype(), Device::Cpu)
 }
 
 /// `mean((pred - target)^2)` over all elements, shape `[]`, the inputs' dtype. The inputs have
@@ -213,9 +209,9 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// Each difference rounded as the kernels round it (in the arithmetic type), the squares summed
+/// in f64, and the mean rounded once.
 fn mse_loss_cpu<T: Element>(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
-    // Each difference rounded like the kernels' (in the arithmetic type), then the squares summed
-    // in f64 and rounded once.
     let (p, t) = (pred.to_vec::<T>()?, target.to_vec::<T>()?);
     let total: f64 = p.iter().zip(&t).map(|(p, t)| Accumulator::to_f64(p.to_acc() - t.to_acc()).powi(2)).sum();
     Tensor::from_f64(&[total / p.len() as f64], Shape::from(Vec::new()), pred.dtype(), Device::Cpu)
@@ -250,7 +246,7 @@ pub fn mse_loss_backward(g: &Tensor, pred: &Tensor, target: &Tensor) -> Result<T
     scalar_gradient("mse_loss_backward", g, pred)?;
     let scale = 2.0 / n as f64;
     match pred.device() {
-        Device::Cpu => with_element_type!(pred.dtype(), T => mse_loss_backward_cpu::<T>(g, pred, target, scale)),
+        Device::Cpu => mse_loss_backward_cpu(g, pred, target, scale),
         Device::Cuda(_) => {
             let table = dtype_table("mse_loss_backward", pred, ALL_LOSS)?;
             let n = check_launch_len("mse_loss_backward", n, pred.dtype())?;
@@ -275,9 +271,10 @@ pub fn mse_loss_backward(g: &Tensor, pred: &Tensor, target: &Tensor) -> Result<T
     }
 }
 
-fn mse_loss_backward_cpu<T: Element>(g: &Tensor, pred: &Tensor, target: &Tensor, scale: f64) -> Result<Tensor> {
-    let coef = g.to_vec::<T>()?[0].to_acc() * T::Acc::from_f64(scale);
-    let (p, t) = (pred.to_vec::<T>()?, target.to_vec::<T>()?);
-    let out: Vec<T> = p.iter().zip(&t).map(|(p, t)| T::from_acc((p.to_acc() - t.to_acc()) * coef)).collect();
-    Tensor::from_vec(out, pred.shape().clone(), Device::Cpu)
+/// In f64, each output rounded once.
+fn mse_loss_backward_cpu(g: &Tensor, pred: &Tensor, target: &Tensor, scale: f64) -> Result<Tensor> {
+    let coef = g.to_vec_f64()?[0] * scale;
+    let (p, t) = (pred.to_vec_f64()?, target.to_vec_f64()?);
+    let out: Vec<f64> = p.iter().zip(&t).map(|(p, t)| (p - t) * coef).collect();
+    Tensor::from_f64(&out, pred.shape().clone(), pred.dtype(), Device::Cpu)
 }

@@ -4,8 +4,8 @@
 //! On CUDA each is one kernel, one warp per row: rows of up to 4096 values stay in registers
 //! (one read of `x` and the mask, one write), longer rows are read twice. The exponentials are
 //! `ex2.approx` with the row maximum subtracted, so the result is within a few units in the last
-//! place of f32 plus the rounding of `scale * x + mask` itself; the CPU half uses the exact
-//! `exp` of its arithmetic type.
+//! place of f32 plus the rounding of `scale * x + mask` itself. The CPU half rounds
+//! `scale * x + mask` the same way and does the rest in f64.
 use super::check;
 use super::cuda::{check_launch_len, dtype_table};
 use super::reduce::cuda_device;
@@ -31,50 +31,19 @@ pub(super) unsafe fn launch_rows(device: &CudaDevice, name: &str, rows: usize, a
     unsafe { kernel.launch(&device.current_stream(), cfg, args) }
 }
 
-/// The CPU arithmetic types (f32 for f32, f16 and bf16; f64 for f64) with what softmax needs.
-pub(super) trait Real: Accumulator + std::ops::Div<Output = Self> {
-    const ZERO: Self;
-    const ONE: Self;
-    const NEG_INFINITY: Self;
-    fn exp(self) -> Self;
-    fn ln(self) -> Self;
-    /// The larger of two values, ignoring NaN (as the GPU's `max.f32`).
-    fn max(self, other: Self) -> Self;
-}
-
-macro_rules! real {
-    ($t:ty) => {
-        impl Real for $t {
-            const ZERO: $t = 0.0;
-            const ONE: $t = 1.0;
-            const NEG_INFINITY: $t = <$t>::NEG_INFINITY;
-            fn exp(self) -> $t {
-                <$t>::exp(self)
-            }
-            fn ln(self) -> $t {
-                <$t>::ln(self)
-            }
-            fn max(self, other: $t) -> $t {
-                <$t>::max(self, other)
-            }
-        }
-    };
-}
-real!(f32);
-real!(f64);
-
-/// A row's maximum to subtract and its sum of `exp(z - max)`, with the kernels' conventions:
-/// NaN is ignored by the maximum, and a row of `-inf` subtracts 0 (its exponentials are 0).
-pub(super) fn row_max_sum<A: Real>(z: &[A]) -> (A, A) {
-    let max = z.iter().fold(A::NEG_INFINITY, |m, &v| m.max(v));
-    let shift = if max == A::NEG_INFINITY { A::ZERO } else { max };
-    (shift, z.iter().fold(A::ZERO, |s, &v| s + (v - shift).exp()))
+/// A row's maximum to subtract and its sum of `exp(z - max)`, in f64, with the kernels'
+/// conventions: NaN is ignored by the maximum, and a row of `-inf` subtracts 0 (its
+/// exponentials are all 0).
+pub(super) fn row_max_sum(z: &[f64]) -> (f64, f64) {
+    let max = z.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v));
+    let shift = if max == f64::NEG_INFINITY { 0.0 } else { max };
+    (shift, z.iter().map(|&v| (v - shift).exp()).sum())
 }
 
 /// `1 / sum`, or 0 for a zero sum (a fully masked row, whose outputs are then 0); a NaN sum
 /// stays NaN.
-pub(super) fn reciprocal_or_zero<A: Real>(sum: A) -> A {
-    if sum == A::ZERO { A::ZERO } else { A::ONE / sum }
+pub(super) fn reciprocal_or_zero(sum: f64) -> f64 {
+    if sum == 0.0 { 0.0 } else { 1.0 / sum }
 }
 
 /// (rows, cols) of `x` seen as a matrix over its last axis.
@@ -150,26 +119,25 @@ pub fn softmax(x: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> 
     }
 }
 
-fn softmax_cpu<T: Element>(x: &Tensor, scale: f64, mask: Option<&Tensor>, cols: usize) -> Result<Tensor>
-where
-    T::Acc: Real,
-{
+/// `scale * x + mask` is rounded as the kernels round it (one FMA in the arithmetic type), the
+/// rest is f64, and each output is rounded once.
+fn softmax_cpu<T: Element>(x: &Tensor, scale: f64, mask: Option<&Tensor>, cols: usize) -> Result<Tensor> {
     let xs = x.to_vec::<T>()?;
     let ms = mask.map(|m| m.to_vec::<T>()).transpose()?;
     let scale = T::Acc::from_f64(scale);
     let mut out = Vec::with_capacity(xs.len());
     for (r, row) in xs.chunks(cols.max(1)).enumerate() {
-        let z: Vec<T::Acc> = match &ms {
+        let z: Vec<f64> = match &ms {
             Some(ms) => {
                 let start = (r * cols) % ms.len();
                 let mrow = &ms[start..start + cols];
-                row.iter().zip(mrow).map(|(x, m)| Accumulator::fma(x.to_acc(), scale, m.to_acc())).collect()
+                row.iter().zip(mrow).map(|(x, m)| Accumulator::fma(x.to_acc(), scale, m.to_acc()).to_f64()).collect()
             }
-            None => row.iter().map(|x| x.to_acc() * scale).collect(),
+            None => row.iter().map(|x| (x.to_acc() * scale).to_f64()).collect(),
         };
         let (shift, sum) = row_max_sum(&z);
         let inv = reciprocal_or_zero(sum);
-        out.extend(z.iter().map(|&v| T::from_acc((v - shift).exp() * inv)));
+        out.extend(z.iter().map(|&v| T::from_f64((v - shift).exp() * inv)));
     }
     Tensor::from_vec(out, x.shape().clone(), Device::Cpu)
 }
@@ -194,7 +162,7 @@ pub fn softmax_backward(g: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
     check::same_layout("softmax_backward", &[g, y])?;
     let (rows, cols) = rows_cols("softmax_backward", y)?;
     match y.device() {
-        Device::Cpu => with_element_type!(y.dtype(), T => softmax_backward_cpu::<T>(g, y, scale, cols)),
+        Device::Cpu => softmax_backward_cpu(g, y, scale, cols),
         Device::Cuda(_) => {
             let table = dtype_table("softmax_backward", y, ALL_SOFTMAX)?;
             check_launch_len("softmax_backward", y.elem_count(), y.dtype())?;
@@ -218,16 +186,13 @@ pub fn softmax_backward(g: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
     }
 }
 
-fn softmax_backward_cpu<T: Element>(g: &Tensor, y: &Tensor, scale: f64, cols: usize) -> Result<Tensor>
-where
-    T::Acc: Real,
-{
-    let (gs, ys) = (g.to_vec::<T>()?, y.to_vec::<T>()?);
-    let scale = T::Acc::from_f64(scale);
+/// In f64, each output rounded once.
+fn softmax_backward_cpu(g: &Tensor, y: &Tensor, scale: f64, cols: usize) -> Result<Tensor> {
+    let (gs, ys) = (g.to_vec_f64()?, y.to_vec_f64()?);
     let mut out = Vec::with_capacity(ys.len());
     for (grow, yrow) in gs.chunks(cols.max(1)).zip(ys.chunks(cols.max(1))) {
-        let dot = grow.iter().zip(yrow).fold(T::Acc::ZERO, |acc, (g, y)| Accumulator::fma(g.to_acc(), y.to_acc(), acc));
-        out.extend(grow.iter().zip(yrow).map(|(g, y)| T::from_acc(y.to_acc() * (g.to_acc() - dot) * scale)));
+        let dot: f64 = grow.iter().zip(yrow).map(|(g, y)| g * y).sum();
+        out.extend(grow.iter().zip(yrow).map(|(g, y)| y * (g - dot) * scale));
     }
-    Tensor::from_vec(out, y.shape().clone(), Device::Cpu)
+    Tensor::from_f64(&out, y.shape().clone(), y.dtype(), Device::Cpu)
 }

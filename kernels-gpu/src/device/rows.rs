@@ -1,4 +1,5 @@
-//! One warp per row: which rows a warp takes, and which values of a row each lane holds.
+//! One warp per row (rows from [`GridStride::over_warps`](super::index::GridStride::over_warps)):
+//! which values of a row each lane holds.
 //!
 //! A row of `cols` values is cut into tiles of `32 * V` values, and in each tile a lane holds
 //! `V` slots. With 16-byte packs (when the row starts and `cols` allow them), lane `l` holds
@@ -7,46 +8,9 @@
 //! slot, still coalesced across the warp. A row of at most `32 * V` values is one tile, which a
 //! kernel can keep in registers between its passes.
 use super::element::Element;
-use super::index::{global_thread_index, grid_thread_count};
 use super::memory::{is_pack_aligned, load_pack, store_pack};
 use super::unroll::{Count, Unrolled, from_fn, unroll};
 use core::marker::PhantomData;
-
-/// The rows the calling warp handles: warp `w` of the `W` warps in the grid takes rows
-/// `w, w + W, w + 2W, …` below `rows`, so a grid of any size covers every row exactly once.
-///
-/// Every lane of a warp gets the same rows, so the warp stays converged across the loop.
-#[derive(Clone, Copy)]
-pub struct WarpRows {
-    next: u64,
-    end: u64,
-    step: u64,
-}
-
-impl WarpRows {
-    /// The calling warp's rows of a `rows`-row matrix.
-    #[inline(always)]
-    pub fn over(rows: u64) -> Self {
-        // A block is a whole number of warps (the host checks it); `max` keeps a malformed
-        // launch from looping forever.
-        Self { next: global_thread_index() / 32, end: rows, step: (grid_thread_count() / 32).max(1) }
-    }
-}
-
-impl Iterator for WarpRows {
-    type Item = u64;
-
-    #[inline(always)]
-    fn next(&mut self) -> Option<u64> {
-        if self.next < self.end {
-            let r = self.next;
-            self.next += self.step;
-            Some(r)
-        } else {
-            None
-        }
-    }
-}
 
 /// Whether rows of `cols` values at every pointer of `rows` start on 16-byte boundaries, so
 /// that [`RowLanes`] with `PACKED = true` may serve them: each base is aligned and a row is a
