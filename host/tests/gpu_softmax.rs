@@ -2,6 +2,7 @@
 //! a CUDA device): the shared cases on `Device::Cuda(0)` against f64, and what only CUDA has:
 //! many more rows than resident warps (each warp loops over rows), outputs written over
 //! NaN-poisoned memory, and operands on different devices.
+mod common;
 mod softmax_cases;
 
 use opsmith_host::{DType, Device, Error, Labels, Result, Tensor, ops};

@@ -1,6 +1,7 @@
 //! The CPU suite of softmax, cross-entropy and the squared error: the shared cases on
 //! `Device::Cpu`, and the finite-difference checks of the backwards (in f64, where central
 //! differences are accurate to about 1e-9).
+mod common;
 mod softmax_cases;
 
 use opsmith_host::{DType, Device, Labels, Result, Tensor, ops};

@@ -5,6 +5,7 @@
 //! magnifies by the logit's magnitude; the sums; the final rounding to the dtype).
 #![allow(dead_code)]
 
+pub use crate::common::{random_values, round_to, supported};
 use opsmith_host::{DType, Device, Error, Labels, Result, Tensor, ops};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -16,29 +17,6 @@ pub const COLS: [usize; 16] = [1, 3, 8, 31, 32, 33, 255, 256, 257, 1000, 1024, 2
 
 /// The f32 unit roundoff: the scale of every arithmetic error below.
 const U: f64 = f32::EPSILON as f64 / 2.0;
-
-pub fn supported(dtype: DType, device: Device) -> bool {
-    !(dtype == DType::F64 && device.is_cuda())
-}
-
-pub fn round_to(dtype: DType, v: f64) -> f64 {
-    match dtype {
-        DType::F32 => v as f32 as f64,
-        DType::F16 => half::f16::from_f64(v).to_f64(),
-        DType::BF16 => half::bf16::from_f64(v).to_f64(),
-        DType::F64 => v,
-    }
-}
-
-/// Values of both signs with magnitudes from 1/16 to 16, rounded to `dtype`.
-pub fn random_values(rng: &mut StdRng, n: usize, dtype: DType) -> Vec<f64> {
-    (0..n)
-        .map(|_| {
-            let sign = if rng.random_bool(0.5) { 1.0 } else { -1.0 };
-            round_to(dtype, sign * 2f64.powf(rng.random_range(-4.0..4.0)))
-        })
-        .collect()
-}
 
 /// A tensor of `values` and `shape` whose first element sits `offset` elements into its buffer
 /// (a view), so that an odd offset breaks 16-byte alignment on CUDA.
