@@ -17,9 +17,9 @@
 //! ```
 //!
 //! Layout: [`device`] names devices; [`cuda`] holds the CUDA runtime (contexts, streams,
-//! events, modules, launches); [`tensor`] the tensor type; [`ops`] the operations, each with its
-//! CPU and CUDA halves side by side; [`dist`] NCCL communicators and their TCP bootstrap, for
-//! several GPUs; [`error`] the one error type.
+//! events, modules, launches); [`tensor`] the tensor type; [`labels`] class labels for the
+//! losses; [`ops`] the operations, each with its CPU and CUDA halves side by side; [`dist`] NCCL
+//! communicators and their TCP bootstrap, for several GPUs; [`error`] the one error type.
 #![warn(missing_docs)]
 
 pub mod cuda;
@@ -27,6 +27,7 @@ pub mod device;
 pub mod dist;
 pub mod dtype;
 pub mod error;
+pub mod labels;
 pub mod ops;
 pub mod tensor;
 
@@ -34,4 +35,5 @@ pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
+pub use labels::Labels;
 pub use tensor::{Shape, Tensor};

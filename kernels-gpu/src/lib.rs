@@ -36,12 +36,16 @@ pub mod convert;
 #[cfg(target_arch = "nvptx64")]
 pub mod device;
 mod elementwise;
+mod loss;
 pub mod names;
 pub mod optim;
 pub mod real;
 mod reduction;
+mod softmax;
 
-pub use names::{ActivationKernels, ElementwiseKernels, OptimizerKernels, ReductionKernels};
+pub use names::{
+    ActivationKernels, ElementwiseKernels, LossKernels, OptimizerKernels, ReductionKernels, SoftmaxKernels,
+};
 
 /// The kernels never unwind: a panic on the device stops the thread with a trap, which the host
 /// sees as a launch failure naming the kernel.

@@ -124,6 +124,85 @@ impl OptimizerKernels {
     }
 }
 
+/// A softmax kernel that holds a whole row in registers, for rows of up to `max_cols` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowKernel {
+    /// The PTX entry point.
+    pub name: &'static str,
+    /// The longest row it takes.
+    pub max_cols: u64,
+}
+
+/// The PTX entry points of the softmax family for one storage dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SoftmaxKernels {
+    /// `softmax(scale * x + mask)` with the row in registers, shortest rows first.
+    pub forward: [RowKernel; 5],
+    /// `softmax(scale * x + mask)` for rows of any length (two passes over each row).
+    pub forward_long: &'static str,
+    /// `scale * y * (g - sum(g * y))` with the row in registers, shortest rows first.
+    pub backward: [RowKernel; 5],
+    /// The backward for rows of any length.
+    pub backward_long: &'static str,
+}
+
+impl SoftmaxKernels {
+    /// Every entry point of the table.
+    pub const fn all(&self) -> [&'static str; 12] {
+        let (f, b) = (&self.forward, &self.backward);
+        [
+            f[0].name,
+            f[1].name,
+            f[2].name,
+            f[3].name,
+            f[4].name,
+            self.forward_long,
+            b[0].name,
+            b[1].name,
+            b[2].name,
+            b[3].name,
+            b[4].name,
+            self.backward_long,
+        ]
+    }
+
+    /// The forward kernel for rows of `cols` values: the smallest register-resident one that
+    /// holds the row, else the long one.
+    pub fn forward_for(&self, cols: u64) -> &'static str {
+        pick(&self.forward, cols).unwrap_or(self.forward_long)
+    }
+
+    /// The backward kernel for rows of `cols` values, chosen as [`forward_for`](Self::forward_for)
+    /// chooses.
+    pub fn backward_for(&self, cols: u64) -> &'static str {
+        pick(&self.backward, cols).unwrap_or(self.backward_long)
+    }
+}
+
+fn pick(kernels: &[RowKernel], cols: u64) -> Option<&'static str> {
+    kernels.iter().find(|k| cols <= k.max_cols).map(|k| k.name)
+}
+
+/// The PTX entry points of the loss family for one storage dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LossKernels {
+    /// The cross-entropy of each row of logits against its label, in f32.
+    pub cross_entropy: &'static str,
+    /// `(softmax(logits) - onehot(labels)) * g[0] * scale`.
+    pub cross_entropy_backward: &'static str,
+    /// One f32 partial sum of `(pred - target)^2` per warp.
+    pub mse_partials: &'static str,
+    /// `(pred - target) * g[0] * scale`.
+    pub mse_backward: &'static str,
+}
+
+impl LossKernels {
+    /// Every entry point of the table.
+    pub const fn all(&self) -> [&'static str; 4] {
+        [self.cross_entropy, self.cross_entropy_backward, self.mse_partials, self.mse_backward]
+    }
+}
+
 pub use crate::elementwise::{BF16, F16, F32};
 
 /// The reduction tables, by dtype.
@@ -145,6 +224,16 @@ pub mod optim {
     pub use crate::optim::F32;
 }
 
+/// The softmax tables, by dtype.
+pub mod softmax {
+    pub use crate::softmax::{BF16, F16, F32};
+}
+
+/// The loss tables, by dtype.
+pub mod loss {
+    pub use crate::loss::{BF16, F16, F32};
+}
+
 /// Every elementwise kernel table this crate defines.
 pub const ALL_ELEMENTWISE: [ElementwiseKernels; 3] = [F32, F16, BF16];
 
@@ -156,6 +245,12 @@ pub const ALL_ACTIVATION: [ActivationKernels; 3] = [activation::F32, activation:
 
 /// Every optimizer kernel table this crate defines.
 pub const ALL_OPTIMIZER: [OptimizerKernels; 1] = [optim::F32];
+
+/// Every softmax kernel table this crate defines.
+pub const ALL_SOFTMAX: [SoftmaxKernels; 3] = [softmax::F32, softmax::F16, softmax::BF16];
+
+/// Every loss kernel table this crate defines.
+pub const ALL_LOSS: [LossKernels; 3] = [loss::F32, loss::F16, loss::BF16];
 
 /// Every kernel name of the crate, for checks that the PTX defines exactly these.
 ///
@@ -171,4 +266,6 @@ pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {
         .chain(ALL_REDUCTION.into_iter().flat_map(|t| t.all()))
         .chain(ALL_ACTIVATION.into_iter().flat_map(|t| t.all()))
         .chain(ALL_OPTIMIZER.into_iter().flat_map(|t| t.all()))
+        .chain(ALL_SOFTMAX.into_iter().flat_map(|t| t.all()))
+        .chain(ALL_LOSS.into_iter().flat_map(|t| t.all()))
 }

@@ -43,13 +43,9 @@ macro_rules! reduction_family {
                 // SAFETY: i < n.
                 acc += unsafe { x.add(i as usize).read() }.to_f32();
             }
-            // SAFETY: every lane of every warp reaches this point (the loop above has no early exit).
-            let total = unsafe { warp::warp_sum(acc) };
-            if warp::lane_id() == 0 {
-                let warp_index = index::global_thread_index() / 32;
-                // SAFETY: warp_index < gridDim.x * blockDim.x / 32, the caller's bound.
-                unsafe { partials.add(warp_index as usize).write(total) };
-            }
+            // SAFETY: every lane of every warp reaches this point (the loop above has no early
+            // exit), and `partials` holds one value per warp of the grid.
+            unsafe { warp::store_warp_total(acc, partials) };
         }
 
         /// Second pass of a sum, launched as one warp (grid 1, block 32):

@@ -56,6 +56,17 @@ fn scalars(op: Elementwise) -> Vec<f32> {
     f64s.into_iter().map(|v| v as f32).collect()
 }
 
+/// The kernel table for `t`'s dtype, from a family's tables for f32, f16 and bf16; f64 has no
+/// kernels.
+pub(crate) fn dtype_table<K>(op: &'static str, t: &Tensor, [f32, f16, bf16]: [K; 3]) -> Result<K> {
+    match t.dtype() {
+        DType::F32 => Ok(f32),
+        DType::F16 => Ok(f16),
+        DType::BF16 => Ok(bf16),
+        DType::F64 => Err(Error::UnsupportedDType { op, dtype: DType::F64, device: t.device() }),
+    }
+}
+
 /// The most elements one launch may cover: every byte offset must fit an `isize` (Rust's rule
 /// for pointer arithmetic, which the kernels use).
 pub(crate) fn check_launch_len(op: &'static str, n: usize, dtype: DType) -> Result<u64> {

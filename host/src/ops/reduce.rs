@@ -6,16 +6,11 @@ use crate::dtype::with_element_type;
 use crate::{DType, Device, Element, Error, Result, Shape, Tensor};
 use opsmith_kernels::{ReductionKernels, names::reduction};
 
-fn table(op: &'static str, t: &Tensor) -> Result<ReductionKernels> {
-    match t.dtype() {
-        DType::F32 => Ok(reduction::F32),
-        DType::F16 => Ok(reduction::F16),
-        DType::BF16 => Ok(reduction::BF16),
-        DType::F64 => Err(Error::UnsupportedDType { op, dtype: DType::F64, device: t.device() }),
-    }
+pub(super) fn table(op: &'static str, t: &Tensor) -> Result<ReductionKernels> {
+    super::cuda::dtype_table(op, t, [reduction::F32, reduction::F16, reduction::BF16])
 }
 
-fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
+pub(super) fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
     match t.device() {
         Device::Cuda(n) => CudaDevice::get(n),
         Device::Cpu => Err(Error::DeviceMismatch { op: "cuda op", lhs: Device::Cuda(0), rhs: Device::Cpu }),
@@ -24,50 +19,63 @@ fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
 
 /// Launches one of opsmith's own kernels through the checked path, grid-stride over
 /// `work_items`, or as one warp when `work_items` is `None`.
-fn launch(device: &CudaDevice, name: &str, work_items: Option<u64>, args: &[KernelArg<'_>]) -> Result<()> {
+pub(super) fn launch(device: &CudaDevice, name: &str, work_items: Option<u64>, args: &[KernelArg<'_>]) -> Result<()> {
     let kernel = device.kernels()?.kernel(name)?;
     let cfg = match work_items {
         Some(n) => LaunchConfig::grid_stride(&kernel, n, DEFAULT_BLOCK)?,
         None => LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 },
     };
-    // SAFETY: each caller passes the arguments its kernel declares in `kernels-gpu/src/reduction.rs`,
-    // with tensors checked to hold the element counts the kernel indexes.
+    // SAFETY: each caller passes the arguments its kernel declares in `kernels-gpu/src/`, with
+    // tensors checked to hold the element counts the kernel indexes.
     unsafe { kernel.launch(&device.current_stream(), cfg, args) }
 }
 
-fn reduce_all(op: &'static str, x: &Tensor, scale: f64) -> Result<Tensor> {
+/// `out[0] = scale * (partials[0] + … + partials[count - 1])` on CUDA, rounded to `out`'s dtype:
+/// the last launch of every whole-tensor reduction.
+pub(super) fn finish_sum(op: &'static str, partials: &Tensor, count: usize, scale: f64, out: &Tensor) -> Result<()> {
+    let device = cuda_device(out)?;
+    launch(
+        &device,
+        table(op, out)?.sum_finish,
+        None,
+        &[
+            KernelArg::Input(partials),
+            KernelArg::Output(out),
+            KernelArg::U64(count as u64),
+            KernelArg::F32(scale as f32),
+        ],
+    )
+}
+
+/// A whole-tensor reduction on CUDA, as a tensor of shape `[]` of the inputs' dtype: the kernel
+/// `first_pass(inputs…, partials, n)` leaves one f32 partial per warp over the `n` elements of
+/// each input, and `scale` times their sum is the result.
+pub(super) fn reduce_partials(op: &'static str, first_pass: &str, inputs: &[&Tensor], scale: f64) -> Result<Tensor> {
+    let x = inputs[0];
     let n = x.elem_count();
+    let device = cuda_device(x)?;
+    let out = Tensor::empty(Shape::from(Vec::new()), x.dtype(), x.device())?;
+    let partials_kernel = device.kernels()?.kernel(first_pass)?;
+    let cfg = LaunchConfig::grid_stride(&partials_kernel, n as u64, DEFAULT_BLOCK)?;
+    let warps = (cfg.grid * cfg.block / 32) as usize;
+    let partials = Tensor::empty(Shape::from(warps), DType::F32, x.device())?;
+    let mut args: Vec<KernelArg<'_>> = inputs.iter().map(|t| KernelArg::Input(t)).collect();
+    args.extend([KernelArg::Output(&partials), KernelArg::U64(n as u64)]);
+    // SAFETY: every first-pass kernel takes (inputs…, partials, n); each input holds n elements
+    // (the caller checked the shapes) and partials one f32 per warp of this exact configuration.
+    unsafe { partials_kernel.launch(&device.current_stream(), cfg, &args)? };
+    finish_sum(op, &partials, warps, scale, &out)?;
+    Ok(out)
+}
+
+fn reduce_all(op: &'static str, x: &Tensor, scale: f64) -> Result<Tensor> {
     match x.device() {
         Device::Cpu => {
             // Accumulated in f64, then rounded once.
             let total: f64 = x.to_vec_f64()?.iter().sum();
             Tensor::from_f64(&[total * scale], Shape::from(Vec::new()), x.dtype(), Device::Cpu)
         }
-        Device::Cuda(_) => {
-            let kernels = table(op, x)?;
-            let device = cuda_device(x)?;
-            let out = Tensor::empty(Shape::from(Vec::new()), x.dtype(), x.device())?;
-            let partials_kernel = device.kernels()?.kernel(kernels.sum_partials)?;
-            let cfg = LaunchConfig::grid_stride(&partials_kernel, n as u64, DEFAULT_BLOCK)?;
-            let warps = (cfg.grid * cfg.block / 32) as usize;
-            let partials = Tensor::empty(Shape::from(warps), DType::F32, x.device())?;
-            let args = [KernelArg::Input(x), KernelArg::Output(&partials), KernelArg::U64(n as u64)];
-            // SAFETY: sum_partials(x, partials, n): x holds n elements, partials one f32 per warp
-            // of this exact configuration.
-            unsafe { partials_kernel.launch(&device.current_stream(), cfg, &args)? };
-            launch(
-                &device,
-                kernels.sum_finish,
-                None,
-                &[
-                    KernelArg::Input(&partials),
-                    KernelArg::Output(&out),
-                    KernelArg::U64(warps as u64),
-                    KernelArg::F32(scale as f32),
-                ],
-            )?;
-            Ok(out)
-        }
+        Device::Cuda(_) => reduce_partials(op, table(op, x)?.sum_partials, &[x], scale),
     }
 }
 

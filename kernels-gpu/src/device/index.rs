@@ -36,6 +36,16 @@ impl GridStride {
     pub fn over(start: u64, end: u64) -> Self {
         Self { next: start + global_thread_index(), end, step: grid_thread_count() }
     }
+
+    /// Warp-stride iteration over `0..end`: warp `w` of the `W` warps in the grid visits
+    /// `w, w + W, w + 2W, …`, every lane of a warp the same indices, so the warp stays converged
+    /// and a grid of any size covers each index once (one row per warp, for example).
+    #[inline(always)]
+    pub fn over_warps(end: u64) -> Self {
+        // A block is a whole number of warps (the host checks it); `max` keeps a malformed launch
+        // from looping forever.
+        Self { next: global_thread_index() / 32, end, step: (grid_thread_count() / 32).max(1) }
+    }
 }
 
 impl Iterator for GridStride {

@@ -1,9 +1,14 @@
 //! Arithmetic with the rounding we mean.
 
 unsafe extern "C" {
-    /// `ex2.approx.f32`: 2^x within 2 ulp, subnormal results kept (this is not the `.ftz` form).
+    /// `ex2.approx.f32`: 2^x on the special function unit, within 2 ulp (2^-inf = +0,
+    /// 2^+inf = +inf, NaN stays NaN; subnormal results kept: this is not the `.ftz` form).
     #[link_name = "llvm.nvvm.ex2.approx.f32"]
     fn ex2_approx(x: f32) -> f32;
+    /// `lg2.approx.f32`: log2(x) on the special function unit (absolute error about 2^-22 near
+    /// 1; log2(+0) = -inf, log2 of a negative number is NaN).
+    #[link_name = "llvm.nvvm.lg2.approx.f"]
+    fn lg2_approx_f32(x: f32) -> f32;
 }
 
 /// `a * b + c` with a single rounding (`fma.rn.f32`).
@@ -28,4 +33,27 @@ pub fn sqrt(x: f32) -> f32 {
 pub fn exp(x: f32) -> f32 {
     // SAFETY: `ex2.approx.f32` is defined for every input.
     crate::real::exp_via_exp2(x, |t| unsafe { ex2_approx(t) })
+}
+
+/// log2(e) in f32, the factor that turns `exp(x)` into `2^(x * LOG2_E)`.
+pub const LOG2_E: f32 = core::f32::consts::LOG2_E;
+
+/// ln(2) in f32, the factor that turns `log2(x)` into `ln(x)`.
+pub const LN_2: f32 = core::f32::consts::LN_2;
+
+/// 2^x, one special-function instruction.
+///
+/// `core`'s `exp2f32` lowers to a libm call that the nvptx backend cannot select; the PTX
+/// instruction is what nvcc's `exp2f` fast path uses too.
+#[inline(always)]
+pub fn exp2(x: f32) -> f32 {
+    // SAFETY: the intrinsic is a pure function of its argument.
+    unsafe { ex2_approx(x) }
+}
+
+/// log2(x), one special-function instruction (see [`exp2`] for why not `core`'s).
+#[inline(always)]
+pub fn log2(x: f32) -> f32 {
+    // SAFETY: the intrinsic is a pure function of its argument.
+    unsafe { lg2_approx_f32(x) }
 }

@@ -1,15 +1,24 @@
 //! opsmith's device-side std: what a kernel needs beyond `core`.
 //!
-//! * [`index`]: the global thread index and grid-stride iteration, in 64-bit arithmetic.
+//! * [`index`]: the global thread index and grid- and warp-stride iteration, in 64-bit arithmetic.
 //! * [`memory`]: 16-byte vector loads and stores and the alignment test that selects them.
 //! * [`math`]: a real fused multiply-add (rustc keeps `a * b + c` as two roundings), the
-//!   correctly rounded square root, and `exp` from `ex2.approx`.
+//!   correctly rounded square root, `exp` from `ex2.approx`, and `2^x` and `log2` on the special
+//!   function unit.
 //! * [`element`]: the storage dtypes (f32, f16, bf16) and their conversions to f32.
 //! * [`elementwise`]: the driver that streams N inputs to M outputs through a per-element closure.
-//! * [`warp`]: warp-level sums by register shuffles (no shared memory).
+//! * [`warp`]: warp-level sums and maxima by register shuffles (no shared memory).
+//! * [`rows`]: one warp per row: which values of the row each lane holds, and their loads and
+//!   stores.
+//! * [`unroll`]: loops expanded into straight-line code, so arrays indexed by them stay in
+//!   registers.
+//! * [`logsumexp`]: a row's maximum and sum of exponentials, for softmax and cross-entropy.
 pub mod element;
 pub mod elementwise;
 pub mod index;
+pub mod logsumexp;
 pub mod math;
 pub mod memory;
+pub mod rows;
+pub mod unroll;
 pub mod warp;

@@ -1,0 +1,128 @@
+//! Class labels for classification losses: `u32` values on one device.
+use crate::cuda::{CudaDevice, Stream};
+use crate::{Device, Error, Result};
+use cudarc::driver::{CudaSlice, DevicePtr};
+use std::sync::Arc;
+
+/// One class index per row, as `u32`, on the CPU or in device memory: the targets of
+/// [`ops::cross_entropy`](crate::ops::cross_entropy).
+///
+/// The largest label is noted on the host when the labels are made, so a loss can reject a
+/// label out of range for its class count without reading device memory. Cloning shares the
+/// memory (labels never change once made).
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Device, Labels};
+/// let labels = Labels::new(&[2, 0, 1], Device::Cpu)?;
+/// assert_eq!(labels.len(), 3);
+/// assert_eq!(labels.to_vec()?, [2, 0, 1]);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Labels {
+    data: LabelData,
+    len: usize,
+    max: Option<u32>,
+}
+
+#[derive(Clone)]
+enum LabelData {
+    Cpu(Arc<Vec<u32>>),
+    Cuda { device: CudaDevice, values: Arc<CudaSlice<u32>> },
+}
+
+impl std::fmt::Debug for Labels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Labels({}, {}", self.len, self.device())?;
+        if let Some(max) = self.max {
+            write!(f, ", max {max}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl Labels {
+    /// Labels holding a copy of `values` on `device`.
+    pub fn new(values: &[u32], device: Device) -> Result<Labels> {
+        let max = values.iter().copied().max();
+        let data = match device {
+            Device::Cpu => LabelData::Cpu(Arc::new(values.to_vec())),
+            Device::Cuda(ordinal) => {
+                let device = CudaDevice::get(ordinal)?;
+                let stream = device.current_stream();
+                device.bind()?;
+                let values =
+                    if values.is_empty() { stream.raw().null::<u32>() } else { stream.raw().clone_htod(values) }
+                        .map_err(|e| Error::from_alloc(device.device(), std::mem::size_of_val(values), e))?;
+                LabelData::Cuda { device, values: Arc::new(values) }
+            }
+        };
+        Ok(Labels { data, len: values.len(), max })
+    }
+
+    /// The number of labels.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no labels.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device the labels live on.
+    pub fn device(&self) -> Device {
+        match &self.data {
+            LabelData::Cpu(_) => Device::Cpu,
+            LabelData::Cuda { device, .. } => device.device(),
+        }
+    }
+
+    /// The largest label, `None` when there are none (known without reading the device).
+    pub fn max(&self) -> Option<u32> {
+        self.max
+    }
+
+    /// The labels as a `Vec`, copied from the device if they live there.
+    pub fn to_vec(&self) -> Result<Vec<u32>> {
+        match &self.data {
+            LabelData::Cpu(values) => Ok(values.to_vec()),
+            LabelData::Cuda { device, values } => {
+                if self.len == 0 {
+                    return Ok(Vec::new());
+                }
+                let stream = device.current_stream();
+                device.bind()?;
+                let mut out = vec![0u32; self.len];
+                stream
+                    .raw()
+                    .memcpy_dtoh(values.as_ref(), &mut out)
+                    .map_err(|e| device.driver_error("copying labels to the host", e))?;
+                stream.synchronize()?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// The values on the CPU, for the CPU halves of the losses.
+    pub(crate) fn cpu_values(&self) -> Option<&[u32]> {
+        match &self.data {
+            LabelData::Cpu(values) => Some(values),
+            LabelData::Cuda { .. } => None,
+        }
+    }
+
+    /// Calls `f` with the device address of the first label, valid on `stream` for the duration
+    /// of `f` (work `f` queues is ordered after the upload of the labels).
+    pub(crate) fn with_device_ptr<R>(&self, stream: &Stream, f: impl FnOnce(u64) -> Result<R>) -> Result<R> {
+        let LabelData::Cuda { values, .. } = &self.data else {
+            return Err(Error::DeviceMismatch { op: "Labels", lhs: stream.device().device(), rhs: Device::Cpu });
+        };
+        let (ptr, record) = values.device_ptr(stream.raw());
+        let result = f(ptr);
+        // Records the read on `stream` so the memory outlives the work that reads it.
+        drop(record);
+        result
+    }
+}

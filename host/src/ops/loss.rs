@@ -1,0 +1,280 @@
+//! Losses, each with its backward: cross-entropy from logits, with the log-softmax fused in,
+//! and the mean squared error. CPU and CUDA halves side by side.
+//!
+//! Both are means, returned as a one-element tensor of shape `[]` in the inputs' dtype. On CUDA
+//! the forward leaves f32 partials that one warp adds in a fixed order (the same bits every
+//! run), and the backward reads the upstream gradient on the device, so a training step never
+//! waits for the host.
+use super::check;
+use super::cuda::{check_launch_len, dtype_table};
+use super::reduce::{cuda_device, finish_sum, launch, reduce_partials};
+use super::softmax::{launch_rows, reciprocal_or_zero, row_max_sum};
+use crate::cuda::KernelArg;
+use crate::dtype::{Accumulator, with_element_type};
+use crate::{DType, Device, Element, Error, Labels, Result, Shape, Tensor};
+use opsmith_kernels::names::ALL_LOSS;
+
+/// Checks logits `[rows, classes]` against their labels and returns (rows, classes).
+fn classification(op: &'static str, logits: &Tensor, labels: &Labels) -> Result<(usize, usize)> {
+    let [rows, classes] = *logits.dims() else {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("expects logits of shape [rows, classes], got {:?}", logits.dims()),
+        });
+    };
+    if labels.device() != logits.device() {
+        return Err(Error::DeviceMismatch { op, lhs: logits.device(), rhs: labels.device() });
+    }
+    if labels.len() != rows {
+        return Err(Error::ShapeMismatch { op, lhs: vec![rows], rhs: vec![labels.len()] });
+    }
+    if rows == 0 {
+        return Err(Error::InvalidArgument { op, reason: "the mean over zero rows is undefined".into() });
+    }
+    match labels.max() {
+        Some(label) if label as usize >= classes => {
+            Err(Error::InvalidArgument { op, reason: format!("label {label} is out of range for {classes} classes") })
+        }
+        _ => Ok((rows, classes)),
+    }
+}
+
+/// Checks that `g` is a one-element upstream gradient of `like`'s dtype and device.
+fn scalar_gradient(op: &'static str, g: &Tensor, like: &Tensor) -> Result<()> {
+    check::same_device(op, &[like, g])?;
+    check::same_dtype(op, &[like, g])?;
+    if g.elem_count() != 1 {
+        return Err(Error::ShapeMismatch { op, lhs: vec![1], rhs: g.dims().to_vec() });
+    }
+    Ok(())
+}
+
+/// The labels as host values (on the CPU).
+fn host_labels<'a>(op: &'static str, labels: &'a Labels) -> Result<&'a [u32]> {
+    labels.cpu_values().ok_or(Error::DeviceMismatch { op, lhs: Device::Cpu, rhs: labels.device() })
+}
+
+/// The mean cross-entropy of `logits` (`[rows, classes]`) against class `labels` (one per row):
+/// `mean over r of (ln(sum_c exp(logits[r, c])) - logits[r, labels[r]])`, the negative log of
+/// the softmax probability of each row's label. Shape `[]`, the logits' dtype.
+///
+/// Errors: labels on another device ([`Error::DeviceMismatch`]), a label count other than the
+/// row count ([`Error::ShapeMismatch`]), a label of `classes` or more or zero rows
+/// ([`Error::InvalidArgument`], checked on the host without reading device memory).
+///
+/// On CUDA the log-softmax is fused in: one kernel reads each row once (one warp per row),
+/// then one warp averages the per-row losses.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Labels, Tensor};
+/// let logits = Tensor::from_vec(vec![0.0f32, 0.0, 2.0, 2.0], [2, 2], Device::Cpu)?;
+/// let labels = Labels::new(&[1, 0], Device::Cpu)?;
+/// // Each row is uniform over 2 classes: the loss is ln 2.
+/// let loss = ops::cross_entropy(&logits, &labels)?.to_vec::<f32>()?[0];
+/// assert!((loss - std::f32::consts::LN_2).abs() < 1e-6);
+/// # Ok(()) }
+/// ```
+pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
+    let (rows, classes) = classification("cross_entropy", logits, labels)?;
+    match logits.device() {
+        Device::Cpu => {
+            let labels = host_labels("cross_entropy", labels)?;
+            cross_entropy_cpu(logits, labels, classes)
+        }
+        Device::Cuda(_) => {
+            let table = dtype_table("cross_entropy", logits, ALL_LOSS)?;
+            check_launch_len("cross_entropy", logits.elem_count(), logits.dtype())?;
+            let device = cuda_device(logits)?;
+            let losses = Tensor::empty(Shape::from(rows), DType::F32, logits.device())?;
+            let out = Tensor::empty(Shape::from(Vec::new()), logits.dtype(), logits.device())?;
+            labels.with_device_ptr(&device.current_stream(), |labels| {
+                let args = [
+                    KernelArg::Input(logits),
+                    KernelArg::U64(labels),
+                    KernelArg::Output(&losses),
+                    KernelArg::U64(rows as u64),
+                    KernelArg::U64(classes as u64),
+                ];
+                // SAFETY: cross_entropy kernels take (logits, labels, losses, rows, cols); logits
+                // hold rows * classes elements, labels and losses one value per row.
+                unsafe { launch_rows(&device, table.cross_entropy, rows, &args) }
+            })?;
+            finish_sum("cross_entropy", &losses, rows, 1.0 / rows as f64, &out)?;
+            Ok(out)
+        }
+    }
+}
+
+/// In f64 (every dtype widens to it exactly), rounded once.
+fn cross_entropy_cpu(logits: &Tensor, labels: &[u32], classes: usize) -> Result<Tensor> {
+    let xs = logits.to_vec_f64()?;
+    let total: f64 = xs
+        .chunks(classes)
+        .zip(labels)
+        .map(|(z, &label)| {
+            let (max, sum) = row_max_sum(z);
+            (max - z[label as usize]) + sum.ln()
+        })
+        .sum();
+    Tensor::from_f64(&[total / labels.len() as f64], Shape::from(Vec::new()), logits.dtype(), Device::Cpu)
+}
+
+/// The backward of [`cross_entropy`] for the logits: `(softmax(logits) - onehot(labels)) * g / rows`,
+/// where `g` is the one-element upstream gradient. Shape and dtype of `logits`.
+///
+/// On CUDA `g` is read on the device (no host round trip), in one kernel, one warp per row.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Labels, Tensor};
+/// let logits = Tensor::from_vec(vec![0.0f32, 0.0], [1, 2], Device::Cpu)?;
+/// let labels = Labels::new(&[1], Device::Cpu)?;
+/// let g = Tensor::from_vec(vec![2.0f32], [], Device::Cpu)?;
+/// let gx = ops::cross_entropy_backward(&g, &logits, &labels)?;
+/// assert_eq!(gx.to_vec::<f32>()?, [1.0, -1.0]); // ([0.5, 0.5] - [0, 1]) * 2
+/// # Ok(()) }
+/// ```
+pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> Result<Tensor> {
+    let (rows, classes) = classification("cross_entropy_backward", logits, labels)?;
+    scalar_gradient("cross_entropy_backward", g, logits)?;
+    match logits.device() {
+        Device::Cpu => {
+            let labels = host_labels("cross_entropy_backward", labels)?;
+            cross_entropy_backward_cpu(g, logits, labels, classes)
+        }
+        Device::Cuda(_) => {
+            let table = dtype_table("cross_entropy_backward", logits, ALL_LOSS)?;
+            check_launch_len("cross_entropy_backward", logits.elem_count(), logits.dtype())?;
+            let device = cuda_device(logits)?;
+            let out = Tensor::empty(logits.shape().clone(), logits.dtype(), logits.device())?;
+            labels.with_device_ptr(&device.current_stream(), |labels| {
+                let args = [
+                    KernelArg::Input(g),
+                    KernelArg::Input(logits),
+                    KernelArg::U64(labels),
+                    KernelArg::Output(&out),
+                    KernelArg::U64(rows as u64),
+                    KernelArg::U64(classes as u64),
+                    KernelArg::F32((1.0 / rows as f64) as f32),
+                ];
+                // SAFETY: cross_entropy_backward kernels take (g, logits, labels, gx, rows, cols,
+                // scale); g holds one element, logits and gx rows * classes, labels one per row.
+                unsafe { launch_rows(&device, table.cross_entropy_backward, rows, &args) }
+            })?;
+            Ok(out)
+        }
+    }
+}
+
+/// In f64, each output rounded once.
+fn cross_entropy_backward_cpu(g: &Tensor, logits: &Tensor, labels: &[u32], classes: usize) -> Result<Tensor> {
+    let coef = g.to_vec_f64()?[0] / labels.len() as f64;
+    let xs = logits.to_vec_f64()?;
+    let mut out = Vec::with_capacity(xs.len());
+    for (z, &label) in xs.chunks(classes).zip(labels) {
+        let (max, sum) = row_max_sum(z);
+        let inv = reciprocal_or_zero(sum);
+        out.extend(z.iter().enumerate().map(|(c, &v)| {
+            let target = if c == label as usize { 1.0 } else { 0.0 };
+            ((v - max).exp() * inv - target) * coef
+        }));
+    }
+    Tensor::from_f64(&out, logits.shape().clone(), logits.dtype(), Device::Cpu)
+}
+
+/// `mean((pred - target)^2)` over all elements, shape `[]`, the inputs' dtype. The inputs have
+/// one shape, dtype and device; an empty pair has no mean ([`Error::InvalidArgument`]).
+///
+/// On CUDA the differences are squared and summed in f32 in one pass (one f32 partial per warp),
+/// then one warp adds the partials.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let pred = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], Device::Cpu)?;
+/// let target = Tensor::from_vec(vec![1.0f32, 0.0, 4.0], [3], Device::Cpu)?;
+/// assert_eq!(ops::mse_loss(&pred, &target)?.to_vec::<f32>()?, [5.0 / 3.0]);
+/// # Ok(()) }
+/// ```
+pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+    let n = squared_error_operands("mse_loss", pred, target)?;
+    match pred.device() {
+        Device::Cpu => with_element_type!(pred.dtype(), T => mse_loss_cpu::<T>(pred, target)),
+        Device::Cuda(_) => {
+            let table = dtype_table("mse_loss", pred, ALL_LOSS)?;
+            check_launch_len("mse_loss", n, pred.dtype())?;
+            reduce_partials("mse_loss", table.mse_partials, &[pred, target], 1.0 / n as f64)
+        }
+    }
+}
+
+/// Each difference rounded as the kernels round it (in the arithmetic type), the squares summed
+/// in f64, and the mean rounded once.
+fn mse_loss_cpu<T: Element>(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+    let (p, t) = (pred.to_vec::<T>()?, target.to_vec::<T>()?);
+    let total: f64 = p.iter().zip(&t).map(|(p, t)| Accumulator::to_f64(p.to_acc() - t.to_acc()).powi(2)).sum();
+    Tensor::from_f64(&[total / p.len() as f64], Shape::from(Vec::new()), pred.dtype(), Device::Cpu)
+}
+
+/// Checks the operands of the squared error and returns their element count.
+fn squared_error_operands(op: &'static str, pred: &Tensor, target: &Tensor) -> Result<usize> {
+    check::same_layout(op, &[pred, target])?;
+    match pred.elem_count() {
+        0 => Err(Error::InvalidArgument { op, reason: "the mean of an empty tensor is undefined".into() }),
+        n => Ok(n),
+    }
+}
+
+/// The backward of [`mse_loss`] for `pred`: `2 * (pred - target) * g / n`, where `g` is the
+/// one-element upstream gradient and `n` the element count. The gradient for `target` is its
+/// negative. Shape and dtype of `pred`.
+///
+/// On CUDA this is one kernel that reads `g` on the device.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let pred = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
+/// let target = Tensor::from_vec(vec![0.0f32, 4.0], [2], Device::Cpu)?;
+/// let g = Tensor::from_vec(vec![1.0f32], [], Device::Cpu)?;
+/// assert_eq!(ops::mse_loss_backward(&g, &pred, &target)?.to_vec::<f32>()?, [1.0, -2.0]);
+/// # Ok(()) }
+/// ```
+pub fn mse_loss_backward(g: &Tensor, pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+    let n = squared_error_operands("mse_loss_backward", pred, target)?;
+    scalar_gradient("mse_loss_backward", g, pred)?;
+    let scale = 2.0 / n as f64;
+    match pred.device() {
+        Device::Cpu => mse_loss_backward_cpu(g, pred, target, scale),
+        Device::Cuda(_) => {
+            let table = dtype_table("mse_loss_backward", pred, ALL_LOSS)?;
+            let n = check_launch_len("mse_loss_backward", n, pred.dtype())?;
+            let out = Tensor::empty(pred.shape().clone(), pred.dtype(), pred.device())?;
+            // The kernel takes one 16-byte pack per thread-iteration.
+            let packs = n.div_ceil((16 / pred.dtype().size_in_bytes()) as u64);
+            launch(
+                &cuda_device(pred)?,
+                table.mse_backward,
+                Some(packs),
+                &[
+                    KernelArg::Input(g),
+                    KernelArg::Input(pred),
+                    KernelArg::Input(target),
+                    KernelArg::Output(&out),
+                    KernelArg::F32(scale as f32),
+                    KernelArg::U64(n),
+                ],
+            )?;
+            Ok(out)
+        }
+    }
+}
+
+/// In f64, each output rounded once.
+fn mse_loss_backward_cpu(g: &Tensor, pred: &Tensor, target: &Tensor, scale: f64) -> Result<Tensor> {
+    let coef = g.to_vec_f64()?[0] * scale;
+    let (p, t) = (pred.to_vec_f64()?, target.to_vec_f64()?);
+    let out: Vec<f64> = p.iter().zip(&t).map(|(p, t)| (p - t) * coef).collect();
+    Tensor::from_f64(&out, pred.shape().clone(), pred.dtype(), Device::Cpu)
+}

@@ -1,0 +1,256 @@
+//! Loss functions: cross-entropy from logits (with the log-softmax fused in) and the mean
+//! squared error, each with its backward.
+//!
+//! Both forwards leave f32 partials that the reduction family's `sum_finish` turns into the
+//! mean, in a fixed order (the same bits every run): one loss per row for cross-entropy, one
+//! partial sum of squares per warp for the squared error. Both backwards read the upstream
+//! gradient `g[0]` on the device, so a training step needs no host round trip.
+use crate::names::LossKernels;
+
+/// Slots per lane per tile of a cross-entropy row.
+#[cfg(target_arch = "nvptx64")]
+const TILE: usize = 32;
+
+#[cfg(target_arch = "nvptx64")]
+mod imp {
+    use super::TILE;
+    use crate::device::element::Element;
+    use crate::device::index::GridStride;
+    use crate::device::logsumexp::{ExpSum, exp_bias, exp_shifted, reciprocal_or_zero};
+    use crate::device::math::{LN_2, log2};
+    use crate::device::rows::{RowLanes, rows_packable};
+    use crate::device::warp::lane_id;
+
+    /// The cross-entropy kernels' parameters; `out` is the f32 loss per row (forward) or the
+    /// gradient (backward, with `coef = g[0] * scale`).
+    #[derive(Clone, Copy)]
+    pub struct Rows<T, O> {
+        pub logits: *const T,
+        pub labels: *const u32,
+        pub out: *mut O,
+        pub rows: u64,
+        pub cols: u64,
+        pub coef: f32,
+    }
+
+    /// # Safety
+    /// The entry points' contract.
+    #[inline(always)]
+    pub unsafe fn cross_entropy<T: Element>(p: Rows<T, f32>) {
+        // SAFETY: forwarded; `packed` was checked for the one row pointer read in packs.
+        unsafe {
+            if rows_packable(p.cols, [p.logits]) {
+                cross_entropy_rows::<T, true>(p)
+            } else {
+                cross_entropy_rows::<T, false>(p)
+            }
+        }
+    }
+
+    /// # Safety
+    /// The entry points' contract.
+    #[inline(always)]
+    pub unsafe fn cross_entropy_backward<T: Element>(p: Rows<T, T>) {
+        // SAFETY: as for `cross_entropy`.
+        unsafe {
+            if rows_packable(p.cols, [p.logits, p.out as *const T]) {
+                cross_entropy_backward_rows::<T, true>(p)
+            } else {
+                cross_entropy_backward_rows::<T, false>(p)
+            }
+        }
+    }
+
+    /// The row's maximum and sum of `exp(x - max)`, over the whole warp.
+    ///
+    /// # Safety
+    /// `x` is a row of `cols` values valid for `lanes`; every lane of the warp calls it.
+    #[inline(always)]
+    unsafe fn row_stats<T: Element, const PACKED: bool>(lanes: RowLanes<T, TILE, PACKED>, x: *const T) -> ExpSum {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            (0..lanes.tiles())
+                .fold(ExpSum::EMPTY, |s, k| s.add(&lanes.load_map([x], k, f32::NEG_INFINITY, |_, [v]| v)))
+                .warp_total()
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn cross_entropy_rows<T: Element, const PACKED: bool>(p: Rows<T, f32>) {
+        let lanes = RowLanes::<T, TILE, PACKED>::new(p.cols);
+        for r in GridStride::over_warps(p.rows) {
+            // SAFETY: r < rows, so the row and its label are inside their arrays; every lane of
+            // the warp runs the same rows, so the warp is converged in `row_stats`.
+            let (x, label) = unsafe { (p.logits.add((r * p.cols) as usize), p.labels.add(r as usize).read() as u64) };
+            // SAFETY: as above.
+            let total = unsafe { row_stats(lanes, x) };
+            // The host rejects labels out of range; one that slips through reads nothing.
+            // SAFETY: label < cols.
+            let target = if label < p.cols { unsafe { x.add(label as usize).read() }.to_f32() } else { f32::NAN };
+            // logsumexp - x[label] = (max - x[label]) + ln(sum): the difference first, so a
+            // confident right answer gives a loss near 0 without cancellation.
+            let loss = (total.max - target) + log2(total.sum) * LN_2;
+            if lane_id() == 0 {
+                // SAFETY: r < rows; one lane writes.
+                unsafe { p.out.add(r as usize).write(loss) };
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn cross_entropy_backward_rows<T: Element, const PACKED: bool>(p: Rows<T, T>) {
+        let lanes = RowLanes::<T, TILE, PACKED>::new(p.cols);
+        for r in GridStride::over_warps(p.rows) {
+            let start = (r * p.cols) as usize;
+            // SAFETY: r < rows, so the rows and the label are inside their arrays.
+            let (x, gx, label) = unsafe { (p.logits.add(start), p.out.add(start), p.labels.add(r as usize).read()) };
+            // SAFETY: every lane of the warp runs the same rows, so the warp is converged.
+            let total = unsafe { row_stats(lanes, x) };
+            let (bias, inv) = (exp_bias(total.max), reciprocal_or_zero(total.sum));
+            for k in 0..lanes.tiles() {
+                let grad = |s, v| {
+                    let target = if lanes.col(k, s) == label as u64 { 1.0 } else { 0.0 };
+                    (exp_shifted(v, bias) * inv - target) * p.coef
+                };
+                // SAFETY: the rows hold `cols` values; the output row is this warp's alone.
+                unsafe { lanes.map_store([x], gx, k, |s, [v]| grad(s, v)) };
+            }
+        }
+    }
+}
+
+macro_rules! loss_family {
+    (
+        $(#[$table_doc:meta])*
+        $table:ident, $elem:ty, {
+            cross_entropy: $ce:ident,
+            cross_entropy_backward: $ce_bwd:ident,
+            mse_partials: $mse:ident,
+            mse_backward: $mse_bwd:ident $(,)?
+        }
+    ) => {
+        $(#[$table_doc])*
+        pub const $table: LossKernels = LossKernels {
+            cross_entropy: stringify!($ce),
+            cross_entropy_backward: stringify!($ce_bwd),
+            mse_partials: stringify!($mse),
+            mse_backward: stringify!($mse_bwd),
+        };
+
+        /// The cross-entropy of each row of a `rows × cols` matrix of logits against its class
+        /// label, in f32: `losses[r] = ln(sum_c exp(logits[r, c])) - logits[r, labels[r]]`.
+        ///
+        /// Thread mapping: one warp per row (warps loop over rows); the row is read once, in
+        /// tiles, with the maximum and the sum of exponentials kept online; 16-byte packs when
+        /// `cols` is a whole number of packs and `logits` is 16-byte aligned. Lane 0 writes the
+        /// row's loss.
+        ///
+        /// # Safety
+        /// `logits` is valid for `rows * cols` elements, `labels` for `rows` values and `losses`
+        /// for `rows` f32 values, which overlap nothing; `blockDim.x` is a multiple of 32. A label
+        /// of `cols` or more gives a NaN loss (nothing is read for it).
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $ce(logits: *const $elem, labels: *const u32, losses: *mut f32, rows: u64, cols: u64) {
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe { imp::cross_entropy::<$elem>(imp::Rows { logits, labels, out: losses, rows, cols, coef: 1.0 }) }
+        }
+
+        /// The backward of the mean cross-entropy:
+        /// `gx[r, c] = (softmax(logits[r, :])[c] - (c == labels[r])) * g[0] * scale`, with
+        /// `scale = 1 / rows` for the mean.
+        ///
+        /// Thread mapping as for the forward: one warp per row, two passes over the row in tiles
+        /// (the maximum and sum, then the gradient).
+        ///
+        /// # Safety
+        /// `g` is valid for one element, `logits` and `gx` for `rows * cols`, `labels` for `rows`
+        /// values; `gx` overlaps no input; `blockDim.x` is a multiple of 32.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $ce_bwd(
+            g: *const $elem, logits: *const $elem, labels: *const u32, gx: *mut $elem, rows: u64, cols: u64, scale: f32,
+        ) {
+            use crate::device::element::Element;
+            // SAFETY: `g` is valid for one element.
+            let coef = unsafe { g.read() }.to_f32() * scale;
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe { imp::cross_entropy_backward::<$elem>(imp::Rows { logits, labels, out: gx, rows, cols, coef }) }
+        }
+
+        /// First pass of the mean squared error: each thread adds `(pred[i] - target[i])^2` over
+        /// its grid-stride share in f32, each warp adds its lanes, and lane 0 writes
+        /// `partials[warp]` (the warp's index in the grid), for `sum_finish`.
+        ///
+        /// # Safety
+        /// `pred` and `target` are valid for `n` elements; `partials` is valid for
+        /// `gridDim.x * blockDim.x / 32` f32 values and overlaps nothing; `blockDim.x` is a
+        /// multiple of 32.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $mse(pred: *const $elem, target: *const $elem, partials: *mut f32, n: u64) {
+            use crate::device::{element::Element, index, math::fma, warp};
+            let mut acc = 0.0f32;
+            for i in index::GridStride::over(0, n) {
+                // SAFETY: i < n.
+                let d = unsafe { pred.add(i as usize).read().to_f32() - target.add(i as usize).read().to_f32() };
+                acc = fma(d, d, acc);
+            }
+            // SAFETY: every lane of every warp reaches this point (the loop has no early exit).
+            unsafe { warp::store_warp_total(acc, partials) };
+        }
+
+        /// The backward of the mean squared error for `pred`:
+        /// `out[i] = (pred[i] - target[i]) * g[0] * scale`, with `scale = 2 / n` for the mean.
+        ///
+        /// Thread mapping as for the elementwise kernels: 16-byte packs in grid-stride order when
+        /// every pointer is aligned, scalar otherwise.
+        ///
+        /// # Safety
+        /// `g` is valid for one element; `pred`, `target` and `out` for `n` elements, aligned to
+        /// the element type; `out` is exactly `pred` or `target`, or overlaps neither.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $mse_bwd(
+            g: *const $elem, pred: *const $elem, target: *const $elem, out: *mut $elem, scale: f32, n: u64,
+        ) {
+            use crate::device::element::Element;
+            // SAFETY: `g` is valid for one element.
+            let coef = unsafe { g.read() }.to_f32() * scale;
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe {
+                crate::device::elementwise::map_elementwise::<$elem, 2, 1>([pred, target], [out], n, |[p, t]| [(p - t) * coef])
+            }
+        }
+    };
+}
+
+loss_family! {
+    /// The loss kernels for f32 tensors.
+    F32, f32, {
+        cross_entropy: cross_entropy_f32,
+        cross_entropy_backward: cross_entropy_backward_f32,
+        mse_partials: mse_partials_f32,
+        mse_backward: mse_backward_f32,
+    }
+}
+
+loss_family! {
+    /// The loss kernels for f16 tensors (arithmetic in f32).
+    F16, crate::device::element::F16, {
+        cross_entropy: cross_entropy_f16,
+        cross_entropy_backward: cross_entropy_backward_f16,
+        mse_partials: mse_partials_f16,
+        mse_backward: mse_backward_f16,
+    }
+}
+
+loss_family! {
+    /// The loss kernels for bf16 tensors (arithmetic in f32).
+    BF16, crate::device::element::Bf16, {
+        cross_entropy: cross_entropy_bf16,
+        cross_entropy_backward: cross_entropy_backward_bf16,
+        mse_partials: mse_partials_bf16,
+        mse_backward: mse_backward_bf16,
+    }
+}

@@ -1,0 +1,376 @@
+//! Softmax along the last axis, `y = softmax(scale * x + mask)`, and its backward
+//! `gx = scale * y * (g - sum(g * y))`, one warp per row and one kernel each.
+//!
+//! A row of up to `32 * V` values is held in registers, `V` per lane, so `x` and the mask are
+//! read once and `y` written once: 12 bytes per f32 element with a full mask, the least any
+//! softmax can move. The name table has one such kernel per `V`. Longer rows take the `_long`
+//! kernels, which stream the row in tiles twice: once for the maximum and the sum of
+//! exponentials (online: the sum is rescaled whenever the maximum grows), once to write.
+//!
+//! The mask is a `[mask_rows, cols]` matrix of additive terms (`-inf` masks a value out); row
+//! `r` of `x` takes row `r % mask_rows` of it, which is how one `[seq, seq]` mask serves every
+//! batch and head of an attention matrix. A row whose every term is `-inf` gives zeros.
+use crate::names::{RowKernel, SoftmaxKernels};
+
+/// Slots per lane per tile of the `_long` kernels.
+#[cfg(target_arch = "nvptx64")]
+const LONG_TILE: usize = 32;
+
+/// The bodies behind the entry points; each entry point picks, once per launch, packed or scalar
+/// access and masked or not, so the row loop itself has no such branch.
+#[cfg(target_arch = "nvptx64")]
+mod imp {
+    use crate::device::element::Element;
+    use crate::device::index::GridStride;
+    use crate::device::logsumexp::{ExpSum, exp_bias, exp_shifted, local_max, reciprocal_or_zero};
+    use crate::device::math::fma;
+    use crate::device::rows::{RowLanes, rows_packable};
+    use crate::device::unroll::{Count, Unrolled, fold, from_fn};
+    use crate::device::warp::{warp_max, warp_sum};
+
+    /// The forward kernels' parameters, as the entry points take them.
+    #[derive(Clone, Copy)]
+    pub struct Forward<T> {
+        pub x: *const T,
+        pub mask: *const T,
+        pub out: *mut T,
+        pub rows: u64,
+        pub cols: u64,
+        pub mask_rows: u64,
+        pub scale: f32,
+    }
+
+    /// The backward kernels' parameters.
+    #[derive(Clone, Copy)]
+    pub struct Backward<T> {
+        pub g: *const T,
+        pub y: *const T,
+        pub gx: *mut T,
+        pub rows: u64,
+        pub cols: u64,
+        pub scale: f32,
+    }
+
+    /// # Safety
+    /// The entry points' contract.
+    #[inline(always)]
+    pub unsafe fn forward<T: Element, const V: usize, const LONG: bool>(p: Forward<T>)
+    where
+        Count<V>: Unrolled,
+    {
+        let masked = p.mask_rows > 0;
+        let packed = rows_packable(p.cols, [p.x, p.out as *const T]) && (!masked || rows_packable(p.cols, [p.mask]));
+        // SAFETY: forwarded; `packed` was checked for every pointer the body reads or writes.
+        unsafe {
+            match (packed, masked) {
+                (true, true) => forward_rows::<T, V, LONG, true, true>(p),
+                (true, false) => forward_rows::<T, V, LONG, true, false>(p),
+                (false, true) => forward_rows::<T, V, LONG, false, true>(p),
+                (false, false) => forward_rows::<T, V, LONG, false, false>(p),
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn forward_rows<T: Element, const V: usize, const LONG: bool, const PACKED: bool, const MASK: bool>(
+        p: Forward<T>,
+    ) where
+        Count<V>: Unrolled,
+    {
+        let lanes = RowLanes::<T, V, PACKED>::new(p.cols);
+        for r in GridStride::over_warps(p.rows) {
+            // `mask_rows > 0` when MASK; `checked_rem` spares a division-by-zero panic path.
+            let mask_row = r.checked_rem(p.mask_rows).unwrap_or(0);
+            // SAFETY: r < rows and mask_row < mask_rows, so each row start is inside its matrix.
+            let (x, mask, out) = unsafe {
+                (
+                    p.x.add((r * p.cols) as usize),
+                    if MASK { p.mask.add((mask_row * p.cols) as usize) } else { p.mask },
+                    p.out.add((r * p.cols) as usize),
+                )
+            };
+            let row = |tile| {
+                // SAFETY: the row starts computed above hold `cols` values each.
+                unsafe { logits::<T, V, PACKED, MASK>(lanes, x, mask, tile, p.scale) }
+            };
+            if LONG {
+                // SAFETY: every lane of the warp runs the same rows and tiles, so the warp is
+                // converged at each collective; the output row is this warp's alone.
+                let total = unsafe { (0..lanes.tiles()).fold(ExpSum::EMPTY, |s, k| s.add(&row(k))).warp_total() };
+                let (bias, inv) = (exp_bias(total.max), reciprocal_or_zero(total.sum));
+                for k in 0..lanes.tiles() {
+                    let y = |x, m| exp_shifted(logit::<MASK>(x, m, p.scale), bias) * inv;
+                    // SAFETY: as above.
+                    unsafe {
+                        if MASK {
+                            lanes.map_store([x, mask], out, k, |_, [x, m]| y(x, m))
+                        } else {
+                            lanes.map_store([x], out, k, |_, [x]| y(x, 0.0))
+                        }
+                    }
+                }
+            } else {
+                let z = row(0);
+                // SAFETY: as above.
+                let bias = exp_bias(unsafe { warp_max(local_max(&z)) });
+                let e: [f32; V] = from_fn(|s| exp_shifted(z[s], bias));
+                // SAFETY: as above.
+                let inv = reciprocal_or_zero(unsafe { warp_sum(fold::<V, f32>(0.0, |sum, s| sum + e[s])) });
+                // SAFETY: as above.
+                unsafe { lanes.store(out, 0, &from_fn(|s| e[s] * inv)) };
+            }
+        }
+    }
+
+    /// One logit: `scale * x + mask` in one FMA, or `scale * x` without a mask.
+    #[inline(always)]
+    fn logit<const MASK: bool>(x: f32, mask: f32, scale: f32) -> f32 {
+        if MASK { fma(x, scale, mask) } else { x * scale }
+    }
+
+    /// `scale * x + mask` over tile `tile` of a row (one FMA), `-inf` in slots past its end.
+    ///
+    /// # Safety
+    /// `x` (and `mask` when `MASK`) are valid rows for `lanes`.
+    #[inline(always)]
+    unsafe fn logits<T: Element, const V: usize, const PACKED: bool, const MASK: bool>(
+        lanes: RowLanes<T, V, PACKED>,
+        x: *const T,
+        mask: *const T,
+        tile: u64,
+        scale: f32,
+    ) -> [f32; V]
+    where
+        Count<V>: Unrolled,
+    {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if MASK {
+                lanes.load_map([x, mask], tile, f32::NEG_INFINITY, |_, [x, m]| logit::<MASK>(x, m, scale))
+            } else {
+                lanes.load_map([x], tile, f32::NEG_INFINITY, |_, [x]| logit::<MASK>(x, 0.0, scale))
+            }
+        }
+    }
+
+    /// # Safety
+    /// The entry points' contract.
+    #[inline(always)]
+    pub unsafe fn backward<T: Element, const V: usize, const LONG: bool>(p: Backward<T>)
+    where
+        Count<V>: Unrolled,
+    {
+        // SAFETY: forwarded; `packed` was checked for every pointer the body reads or writes.
+        unsafe {
+            if rows_packable(p.cols, [p.g, p.y, p.gx as *const T]) {
+                backward_rows::<T, V, LONG, true>(p)
+            } else {
+                backward_rows::<T, V, LONG, false>(p)
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn backward_rows<T: Element, const V: usize, const LONG: bool, const PACKED: bool>(p: Backward<T>)
+    where
+        Count<V>: Unrolled,
+    {
+        let lanes = RowLanes::<T, V, PACKED>::new(p.cols);
+        let dot = |g: &[f32; V], y: &[f32; V]| fold::<V, f32>(0.0, |acc, s| fma(g[s], y[s], acc));
+        for r in GridStride::over_warps(p.rows) {
+            let start = (r * p.cols) as usize;
+            // SAFETY: r < rows, so each row start is inside its matrix.
+            let (g, y, gx) = unsafe { (p.g.add(start), p.y.add(start), p.gx.add(start)) };
+            let gx_of = |y: f32, g: f32, dot: f32| y * (g - dot) * p.scale;
+            // SAFETY (every block below): the rows hold `cols` values and the output row is this
+            // warp's alone; every lane of the warp runs the same rows and tiles, so the warp is
+            // converged at each collective.
+            if LONG {
+                let mut local = 0.0;
+                for k in 0..lanes.tiles() {
+                    unsafe { lanes.for_each([g, y], k, |_, [g, y]| local = fma(g, y, local)) };
+                }
+                let total = unsafe { warp_sum(local) };
+                for k in 0..lanes.tiles() {
+                    unsafe { lanes.map_store([g, y], gx, k, |_, [g, y]| gx_of(y, g, total)) };
+                }
+            } else if V <= HELD_GRADIENT_SLOTS {
+                let (gs, ys) = unsafe { (lanes.load(g, 0), lanes.load(y, 0)) };
+                let total = unsafe { warp_sum(dot(&gs, &ys)) };
+                unsafe { lanes.store(gx, 0, &from_fn(|s| gx_of(ys[s], gs[s], total))) };
+            } else {
+                // Holding both g and y would take 2 V registers: y is held, and g read again
+                // (from L1 or L2: this warp read it a moment ago). The second read goes through
+                // a pointer the compiler cannot prove equal to the first (`rows < 2^63` makes the
+                // offset 0), so it cannot reuse the first loads, which would hold them after all.
+                let mut local = 0.0;
+                let ys = unsafe {
+                    lanes.load_map([g, y], 0, 0.0, |_, [g, y]| {
+                        local = fma(g, y, local);
+                        y
+                    })
+                };
+                let total = unsafe { warp_sum(local) };
+                let g = g.wrapping_add((p.rows >> 63) as usize);
+                unsafe { lanes.map_store([g], gx, 0, |s, [g]| gx_of(ys[s], g, total)) };
+            }
+        }
+    }
+
+    /// Up to this many slots per lane the backward holds both `g` and `y` in registers.
+    const HELD_GRADIENT_SLOTS: usize = 64;
+}
+
+macro_rules! softmax_family {
+    (
+        $(#[$table_doc:meta])*
+        $table:ident, $elem:ty, {
+            forward: [$($fwd:ident = $fwd_v:literal),+ $(,)?],
+            forward_long: $fwd_long:ident,
+            backward: [$($bwd:ident = $bwd_v:literal),+ $(,)?],
+            backward_long: $bwd_long:ident $(,)?
+        }
+    ) => {
+        $(#[$table_doc])*
+        pub const $table: SoftmaxKernels = SoftmaxKernels {
+            forward: [$(RowKernel { name: stringify!($fwd), max_cols: 32 * $fwd_v }),+],
+            forward_long: stringify!($fwd_long),
+            backward: [$(RowKernel { name: stringify!($bwd), max_cols: 32 * $bwd_v }),+],
+            backward_long: stringify!($bwd_long),
+        };
+
+        $(
+            #[doc = concat!("`out = softmax(scale * x + mask)` along the rows of a `rows × cols` matrix, for rows of at most ", stringify!($fwd_v), " × 32 values.")]
+            ///
+            /// Thread mapping: one warp per row (warps loop over rows), each lane holding its
+            /// share of the row in registers ([`RowLanes`](crate::device::rows::RowLanes)); 16-byte
+            /// packs when `cols` is a whole number of packs and every pointer is 16-byte aligned,
+            /// scalar accesses otherwise. Any grid size is correct.
+            ///
+            /// `mask_rows == 0` means no mask (`mask` is not read); otherwise row `r` adds row
+            /// `r % mask_rows` of the `[mask_rows, cols]` matrix `mask`.
+            ///
+            /// # Safety
+            /// `x` and `out` are valid for `rows * cols` elements and `mask` (when
+            /// `mask_rows > 0`) for `mask_rows * cols`, all aligned to the element type;
+            /// `cols <= 32 * V`; `out` overlaps no input; `blockDim.x` is a multiple of 32.
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $fwd(
+                x: *const $elem, mask: *const $elem, out: *mut $elem, rows: u64, cols: u64, mask_rows: u64, scale: f32,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { imp::forward::<$elem, $fwd_v, false>(imp::Forward { x, mask, out, rows, cols, mask_rows, scale }) }
+            }
+        )+
+
+        /// `out = softmax(scale * x + mask)` for rows of any length: two passes over each row in
+        /// tiles (the maximum and sum of exponentials, then the output).
+        ///
+        /// Thread mapping, mask and safety as for the register-resident kernels of this family,
+        /// without the bound on `cols`.
+        ///
+        /// # Safety
+        /// `x` and `out` are valid for `rows * cols` elements and `mask` (when `mask_rows > 0`)
+        /// for `mask_rows * cols`, all aligned to the element type; `out` overlaps no input;
+        /// `blockDim.x` is a multiple of 32.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fwd_long(
+            x: *const $elem, mask: *const $elem, out: *mut $elem, rows: u64, cols: u64, mask_rows: u64, scale: f32,
+        ) {
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe { imp::forward::<$elem, LONG_TILE, true>(imp::Forward { x, mask, out, rows, cols, mask_rows, scale }) }
+        }
+
+        $(
+            #[doc = concat!("`gx = scale * y * (g - sum(g * y))` along the rows of a `rows × cols` matrix (the backward of softmax), for rows of at most ", stringify!($bwd_v), " × 32 values.")]
+            ///
+            /// Thread mapping as for the forward kernels: one warp per row, held in registers.
+            ///
+            /// # Safety
+            /// `g`, `y` and `gx` are valid for `rows * cols` elements and aligned to the element
+            /// type; `cols <= 32 * V`; `gx` overlaps neither input; `blockDim.x` is a multiple of
+            /// 32.
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $bwd(
+                g: *const $elem, y: *const $elem, gx: *mut $elem, rows: u64, cols: u64, scale: f32,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { imp::backward::<$elem, $bwd_v, false>(imp::Backward { g, y, gx, rows, cols, scale }) }
+            }
+        )+
+
+        /// The backward of softmax for rows of any length: two passes over each row in tiles
+        /// (the dot product `sum(g * y)`, then the output).
+        ///
+        /// Thread mapping as for the forward kernels of this family.
+        ///
+        /// # Safety
+        /// `g`, `y` and `gx` are valid for `rows * cols` elements and aligned to the element
+        /// type; `gx` overlaps neither input; `blockDim.x` is a multiple of 32.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bwd_long(
+            g: *const $elem, y: *const $elem, gx: *mut $elem, rows: u64, cols: u64, scale: f32,
+        ) {
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe { imp::backward::<$elem, LONG_TILE, true>(imp::Backward { g, y, gx, rows, cols, scale }) }
+        }
+    };
+}
+
+softmax_family! {
+    /// The softmax kernels for f32 tensors.
+    F32, f32, {
+        forward: [softmax_f32_v8 = 8, softmax_f32_v16 = 16, softmax_f32_v32 = 32, softmax_f32_v64 = 64, softmax_f32_v128 = 128],
+        forward_long: softmax_long_f32,
+        backward: [
+            softmax_backward_f32_v8 = 8,
+            softmax_backward_f32_v16 = 16,
+            softmax_backward_f32_v32 = 32,
+            softmax_backward_f32_v64 = 64,
+            softmax_backward_f32_v128 = 128,
+        ],
+        backward_long: softmax_backward_long_f32,
+    }
+}
+
+softmax_family! {
+    /// The softmax kernels for f16 tensors (arithmetic in f32).
+    F16, crate::device::element::F16, {
+        forward: [softmax_f16_v8 = 8, softmax_f16_v16 = 16, softmax_f16_v32 = 32, softmax_f16_v64 = 64, softmax_f16_v128 = 128],
+        forward_long: softmax_long_f16,
+        backward: [
+            softmax_backward_f16_v8 = 8,
+            softmax_backward_f16_v16 = 16,
+            softmax_backward_f16_v32 = 32,
+            softmax_backward_f16_v64 = 64,
+            softmax_backward_f16_v128 = 128,
+        ],
+        backward_long: softmax_backward_long_f16,
+    }
+}
+
+softmax_family! {
+    /// The softmax kernels for bf16 tensors (arithmetic in f32).
+    BF16, crate::device::element::Bf16, {
+        forward: [
+            softmax_bf16_v8 = 8,
+            softmax_bf16_v16 = 16,
+            softmax_bf16_v32 = 32,
+            softmax_bf16_v64 = 64,
+            softmax_bf16_v128 = 128,
+        ],
+        forward_long: softmax_long_bf16,
+        backward: [
+            softmax_backward_bf16_v8 = 8,
+            softmax_backward_bf16_v16 = 16,
+            softmax_backward_bf16_v32 = 32,
+            softmax_backward_bf16_v64 = 64,
+            softmax_backward_bf16_v128 = 128,
+        ],
+        backward_long: softmax_backward_long_bf16,
+    }
+}
