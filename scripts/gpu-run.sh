@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a bundle made by scripts/gpu-bundle.sh on a GPU machine, and prints a summary table last.
-#   run.sh [test|sanitize|bench|all]     (default: all)
+#   run.sh [test|examples|sanitize|bench|all]     (default: all)
 # sanitize runs compute-sanitizer's memcheck, racecheck, initcheck and synccheck over every GPU suite.
 # bench needs python3 with PyTorch for the side-by-side comparison.
 # Logs go to $LOG_DIR (default: ./logs).
@@ -22,7 +22,10 @@ run() { # name, command...
   return $rc
 }
 
-gpu_suites=(test-host-gpu test-host-gpu_reliability test-autograd-gpu)
+# Every GPU test target (named gpu*), plus the custom-op example's gradcheck, which runs on CUDA.
+gpu_suites=()
+for bin in "$here"/bin/test-*-gpu*; do gpu_suites+=("$(basename "$bin")"); done
+gpu_suites+=(test-example-custom-op-gradcheck)
 if [[ $what == test || $what == all ]]; then
   for suite in "$here"/bin/test-*; do
     run "$(basename "$suite")" "$suite"
@@ -31,8 +34,20 @@ if [[ $what == test || $what == all ]]; then
   for suite in "${gpu_suites[@]}"; do
     OPSMITH_LAUNCH_BLOCKING=1 run "$suite-blocking" "$here/bin/$suite"
   done
-  run quickstart "$here/bin/quickstart"
-  run custom-op "$here/bin/opsmith-example-custom-op"
+fi
+if [[ $what == examples || $what == test || $what == all ]]; then
+  # The tutorial, in reading order; train_mlp writes the weights that serve loads.
+  cd "$here"
+  for example in quickstart vector_add fused_mul_add add_mul_backward; do
+    [[ -x bin/$example ]] && run "$example" "bin/$example"
+  done
+  run custom_op bin/opsmith-example-custom-op
+  run external_ptx bin/external_ptx
+  run train_mlp bin/train_mlp
+  run train_ddp bin/train_ddp
+  run serve bin/opsmith-example-serve --once
+  run doctor bin/doctor
+  cd - >/dev/null
 fi
 if [[ $what == sanitize || $what == all ]]; then
   # The suite provokes driver API errors on purpose (bad PTX, unknown kernel names) to test its
@@ -42,6 +57,7 @@ if [[ $what == sanitize || $what == all ]]; then
   # not memory safety, and under racecheck it outlasts a 10-minute session).
   for suite in "${gpu_suites[@]}" test-example-custom-op-gradcheck; do
     for tool in memcheck racecheck initcheck synccheck; do
+      [[ -x $here/bin/$suite ]] || continue
       run "$suite-$tool" compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 1 \
         "$here/bin/$suite" --test-threads=1 --skip kernel_fault --skip a_hundred_thousand
     done
