@@ -124,4 +124,20 @@ pub enum Error {
         /// The tolerance it exceeded.
         tolerance: f64,
     },
+    /// A model file could not be read or written.
+    #[error("{path}: {reason}")]
+    ModelFile {
+        /// The file.
+        path: String,
+        /// What went wrong (I/O, format, a missing or misshapen tensor).
+        reason: String,
+    },
+    /// A model or optimizer was configured with values it cannot use.
+    #[error("{what}: {reason}")]
+    InvalidConfig {
+        /// The model part or optimizer.
+        what: &'static str,
+        /// What is wrong with the configuration.
+        reason: String,
+    },
 }

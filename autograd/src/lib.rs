@@ -3,7 +3,12 @@
 //!
 //! * [`Tape`] and [`Var`]: variables that require gradients, recorded nodes, [`Tape::backward`].
 //! * [`ops`]: differentiable ops: `add`, `sub`, `mul`, `neg`, `scale`, `add_scalar`, `sum`,
-//!   `mean`, `fused_mul_add`, `add_mul` (one fused backward kernel), `add_row` (a bias row).
+//!   `mean`, `fused_mul_add`, `add_mul` (one fused backward kernel), `add_row` (a bias row),
+//!   `matmul` (cuBLAS on CUDA), `relu`, `gelu`, `silu`, `softmax` (with scale and mask),
+//!   `cross_entropy`, `mse_loss`.
+//! * [`nn`]: [`nn::Linear`] and [`nn::Mlp`], parameters as tape variables, safetensors files.
+//! * [`data_parallel`]: one replica per GPU, gradients averaged with NCCL.
+//! * [`optim`]: [`optim::Sgd`] and [`optim::Adam`], updating parameters in place on the device.
 //! * [`CustomOp`] and [`custom`]: your own forward and backward, per device.
 //! * [`gradcheck()`] and [`compare_devices`]: finite differences in f64, and CUDA against CPU.
 //! * [`no_grad`]: inference without recording.
@@ -26,9 +31,12 @@
 #![warn(missing_docs)]
 
 mod custom;
+pub mod data_parallel;
 mod error;
 pub mod gradcheck;
+pub mod nn;
 pub mod ops;
+pub mod optim;
 mod tape;
 
 pub use custom::{CustomOp, custom};

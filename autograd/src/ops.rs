@@ -20,7 +20,7 @@
 //! ```
 use crate::Result;
 use crate::tape::{Var, tracking};
-use opsmith_host::{Tensor, ops as host};
+use opsmith_host::{Labels, Tensor, ops as host};
 
 /// Returns the output as a constant when nothing is tracked, else records it.
 macro_rules! record_or_constant {
@@ -310,4 +310,196 @@ pub fn add_row(x: &Var, b: &Var) -> Result<Var> {
     record_or_constant!("add_row", &[x, b], out, |tape| tape.record("add_row", &[x, b], out, &[], move |g| {
         Ok(vec![Some(g.clone()), if b_needs { Some(host::sum_rows(g)?) } else { None }])
     }))
+}
+
+/// `a · b`: matrices `[m, k] · [k, n]`, or batches `[B, m, k] · [B, k, n]`; on CUDA through
+/// cuBLAS. Backward: `ga = g · bᵀ`, `gb = aᵀ · g`, each one GEMM with a transpose flag (no copy).
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let a = tape.var(Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], Device::Cpu)?);
+/// let b = tape.var(Tensor::from_vec(vec![0.5f32, -1.0], [2, 1], Device::Cpu)?);
+/// let y = ops::matmul(&a, &b)?;
+/// assert_eq!(y.value().to_vec::<f32>()?, [-1.5, -2.5]);
+/// let grads = tape.backward(&ops::sum(&y)?)?;
+/// assert_eq!(grads.get(&b).unwrap().to_vec::<f32>()?, [4.0, 6.0]); // column sums of a
+/// # Ok(()) }
+/// ```
+pub fn matmul(a: &Var, b: &Var) -> Result<Var> {
+    let out = host::matmul(a.value(), b.value())?;
+    record_or_constant!("matmul", &[a, b], out, |tape| {
+        let (saved_b, saved_a) = (save_if(a.requires_grad(), b.value()), save_if(b.requires_grad(), a.value()));
+        let keep = saved_refs(&[&saved_a, &saved_b]);
+        tape.record("matmul", &[a, b], out, &keep.iter().collect::<Vec<_>>(), move |g| {
+            Ok(vec![
+                saved_b.map(|b| host::matmul_t(g, false, &b, true)).transpose()?,
+                saved_a.map(|a| host::matmul_t(&a, true, g, false)).transpose()?,
+            ])
+        })
+    })
+}
+
+/// Records an activation `f(x)` whose backward is one fused kernel of `(g, x)`.
+fn activation(
+    op: &'static str,
+    x: &Var,
+    forward: fn(&Tensor) -> opsmith_host::Result<Tensor>,
+    backward: fn(&Tensor, &Tensor) -> opsmith_host::Result<Tensor>,
+) -> Result<Var> {
+    let out = forward(x.value())?;
+    record_or_constant!(op, &[x], out, |tape| {
+        let saved_x = x.value().clone();
+        tape.record(op, &[x], out, &[&saved_x.clone()], move |g| Ok(vec![Some(backward(g, &saved_x)?)]))
+    })
+}
+
+/// `max(x, 0)`, one kernel. Backward: `g · [x > 0]`, one kernel.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let x = tape.var(Tensor::from_vec(vec![-1.0f32, 2.0], [2], Device::Cpu)?);
+/// let grads = tape.backward(&ops::sum(&ops::relu(&x)?)?)?;
+/// assert_eq!(grads.get(&x).unwrap().to_vec::<f32>()?, [0.0, 1.0]);
+/// # Ok(()) }
+/// ```
+pub fn relu(x: &Var) -> Result<Var> {
+    activation("relu", x, host::relu, host::relu_backward)
+}
+
+/// GELU in its tanh form, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, one kernel; the backward
+/// is one kernel too.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let x = opsmith_autograd::Var::constant(Tensor::from_vec(vec![0.0f64, 1.0], [2], Device::Cpu)?);
+/// let y = ops::gelu(&x)?.value().to_vec::<f64>()?;
+/// assert!(y[0] == 0.0 && (y[1] - 0.841192).abs() < 1e-5);
+/// # Ok(()) }
+/// ```
+pub fn gelu(x: &Var) -> Result<Var> {
+    activation("gelu", x, host::gelu, host::gelu_backward)
+}
+
+/// SiLU (swish), `x·σ(x)`, one kernel; the backward is one kernel too.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Var, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let x = Var::constant(Tensor::from_vec(vec![0.0f64, 2.0], [2], Device::Cpu)?);
+/// let y = ops::silu(&x)?.value().to_vec::<f64>()?;
+/// assert!(y[0] == 0.0 && (y[1] - 2.0 / (1.0 + (-2.0f64).exp())).abs() < 1e-12);
+/// # Ok(()) }
+/// ```
+pub fn silu(x: &Var) -> Result<Var> {
+    activation("silu", x, host::silu, host::silu_backward)
+}
+
+/// `softmax(scale·x + mask)` along the last axis, in one kernel; `mask` (additive, e.g. `-inf`
+/// where attention is not allowed) has `x`'s trailing dims and is broadcast over the leading
+/// ones. Backward: one kernel, `gx = scale · y ⊙ (g − Σ g⊙y)`; the mask's gradient (rarely
+/// wanted) is the same without the scale, summed over the broadcast dims.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let x = tape.var(Tensor::from_vec(vec![1.0f64, 1.0, 5.0], [1, 3], Device::Cpu)?);
+/// let mask = Tensor::from_vec(vec![0.0f64, 0.0, f64::NEG_INFINITY], [3], Device::Cpu)?;
+/// let y = ops::softmax(&x, 2.0, Some(&opsmith_autograd::Var::constant(mask)))?;
+/// assert_eq!(y.value().to_vec::<f64>()?, [0.5, 0.5, 0.0]);
+/// # Ok(()) }
+/// ```
+pub fn softmax(x: &Var, scale: f64, mask: Option<&Var>) -> Result<Var> {
+    let out = host::softmax(x.value(), scale, mask.map(Var::value))?;
+    let inputs: Vec<&Var> = std::iter::once(x).chain(mask).collect();
+    record_or_constant!("softmax", &inputs, out, |tape| {
+        let y = out.clone();
+        let x_needs = x.requires_grad();
+        let has_mask = mask.is_some();
+        let mask_shape = mask.filter(|m| m.requires_grad()).map(|m| m.value().shape().clone());
+        tape.record("softmax", &inputs, out, &[&y.clone()], move |g| {
+            let gx = x_needs.then(|| host::softmax_backward(g, &y, scale)).transpose()?;
+            let gmask = match mask_shape {
+                Some(shape) => Some(sum_to_trailing(&host::softmax_backward(g, &y, 1.0)?, shape)?),
+                None => None,
+            };
+            Ok(if has_mask { vec![gx, gmask] } else { vec![gx] })
+        })
+    })
+}
+
+/// Sums `g` over its leading dims down to `shape`, a suffix of its dims (the backward of a
+/// broadcast over leading dims).
+fn sum_to_trailing(g: &Tensor, shape: opsmith_host::Shape) -> Result<Tensor> {
+    let inner = shape.checked_elem_count().unwrap_or(0);
+    if inner == g.elem_count() || inner == 0 {
+        return Ok(g.reshape(shape)?);
+    }
+    let rows = g.elem_count() / inner.max(1);
+    Ok(host::sum_rows(&g.reshape([rows, inner])?)?.reshape(shape)?)
+}
+
+/// Cross-entropy from logits `[rows, classes]` and one class label per row, averaged over rows
+/// (shape `[]`): a fused log-softmax, one kernel each way. Backward:
+/// `(softmax(logits) − onehot(labels)) · g / rows`.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, ops};
+/// use opsmith_host::{Device, Labels, Tensor};
+/// let tape = Tape::new();
+/// let logits = tape.var(Tensor::from_vec(vec![0.0f64, 0.0], [1, 2], Device::Cpu)?);
+/// let loss = ops::cross_entropy(&logits, &Labels::new(&[1], Device::Cpu)?)?;
+/// assert!((loss.value().to_vec::<f64>()?[0] - 2f64.ln()).abs() < 1e-12);
+/// let grads = tape.backward(&loss)?;
+/// assert_eq!(grads.get(&logits).unwrap().to_vec::<f64>()?, [0.5, -0.5]);
+/// # Ok(()) }
+/// ```
+pub fn cross_entropy(logits: &Var, labels: &Labels) -> Result<Var> {
+    let out = host::cross_entropy(logits.value(), labels)?;
+    record_or_constant!("cross_entropy", &[logits], out, |tape| {
+        let (saved, labels) = (logits.value().clone(), labels.clone());
+        tape.record("cross_entropy", &[logits], out, &[&saved.clone()], move |g| {
+            Ok(vec![Some(host::cross_entropy_backward(g, &saved, &labels)?)])
+        })
+    })
+}
+
+/// The mean squared error `mean((pred − target)²)`, shape `[]`. Backward:
+/// `gpred = 2·(pred − target)·g / n`, and its negative for `target`.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, Var, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let pred = tape.var(Tensor::from_vec(vec![1.0f32, 3.0], [2], Device::Cpu)?);
+/// let target = Var::constant(Tensor::from_vec(vec![0.0f32, 1.0], [2], Device::Cpu)?);
+/// let loss = ops::mse_loss(&pred, &target)?;
+/// assert_eq!(loss.value().to_vec::<f32>()?, [2.5]);
+/// let grads = tape.backward(&loss)?;
+/// assert_eq!(grads.get(&pred).unwrap().to_vec::<f32>()?, [1.0, 2.0]);
+/// # Ok(()) }
+/// ```
+pub fn mse_loss(pred: &Var, target: &Var) -> Result<Var> {
+    let out = host::mse_loss(pred.value(), target.value())?;
+    record_or_constant!("mse_loss", &[pred, target], out, |tape| {
+        let (p, t) = (pred.value().clone(), target.value().clone());
+        let target_needs = target.requires_grad();
+        tape.record("mse_loss", &[pred, target], out, &[&p.clone(), &t.clone()], move |g| {
+            let gp = host::mse_loss_backward(g, &p, &t)?;
+            let gt = target_needs.then(|| host::neg(&gp)).transpose()?;
+            Ok(vec![Some(gp), gt])
+        })
+    })
 }

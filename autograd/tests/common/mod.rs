@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use opsmith_autograd::{CustomOp, Error, GradcheckOptions, Result, Tape, Var, custom, gradcheck, ops};
-use opsmith_host::{DType, Device, Tensor};
+use opsmith_host::{DType, Device, Labels, Tensor};
 use std::sync::Arc;
 
 /// Deterministic values in ±[0.25, 2), away from zero so that no op sits on a kink.
@@ -54,6 +54,22 @@ pub fn cases() -> Vec<Case> {
             ops::mean(&ops::mul(&ops::add_mul(&v[0], &v[1], &v[2])?, &v[0])?)
         }),
         ("affine layer", vec![&[4, 3], &[3], &[4, 3]], |v| ops::sum(&ops::mul(&ops::add_row(&v[0], &v[1])?, &v[2])?)),
+        ("matmul", vec![&[3, 4], &[4, 2]], |v| ops::matmul(&v[0], &v[1])),
+        ("batched matmul", vec![&[2, 3, 4], &[2, 4, 5]], |v| ops::matmul(&v[0], &v[1])),
+        ("relu", vec![&[7]], |v| ops::relu(&v[0])),
+        ("gelu", vec![&[7]], |v| ops::gelu(&v[0])),
+        ("silu", vec![&[7]], |v| ops::silu(&v[0])),
+        ("softmax", vec![&[3, 5]], |v| ops::softmax(&v[0], 1.5, None)),
+        // A [cols] mask broadcast over rows: its gradient sums over them.
+        ("softmax with mask", vec![&[2, 3, 4], &[4]], |v| ops::softmax(&v[0], 0.75, Some(&v[1]))),
+        ("softmax with full mask", vec![&[3, 6], &[3, 6]], |v| ops::softmax(&v[0], -2.0, Some(&v[1]))),
+        ("cross_entropy", vec![&[4, 3]], |v| {
+            ops::cross_entropy(&v[0], &Labels::new(&[2, 0, 1, 2], v[0].value().device())?)
+        }),
+        ("mse_loss", vec![&[3, 4], &[3, 4]], |v| ops::mse_loss(&v[0], &v[1])),
+        ("linear relu linear", vec![&[4, 3], &[3, 5], &[5], &[5, 2]], |v| {
+            ops::matmul(&ops::relu(&ops::add_row(&ops::matmul(&v[0], &v[1])?, &v[2])?)?, &v[3])
+        }),
     ]
 }
 

@@ -1,0 +1,407 @@
+//! Model building blocks whose parameters are tape variables: [`Linear`] and [`Mlp`], with
+//! safetensors files for trained weights.
+//!
+//! ```
+//! # fn main() -> opsmith_autograd::Result<()> {
+//! use opsmith_autograd::nn::{Activation, Mlp};
+//! use opsmith_autograd::{Tape, Var, ops};
+//! use opsmith_host::{DType, Device, Labels, Tensor};
+//! let tape = Tape::new();
+//! let mlp = Mlp::new(&tape, &[2, 16, 3], Activation::Relu, DType::F32, Device::Cpu, 7)?;
+//! let x = Var::constant(Tensor::from_vec(vec![0.5f32, -1.0, 2.0, 0.25], [2, 2], Device::Cpu)?);
+//! let logits = mlp.forward(&x)?; // [2, 3]
+//! let loss = ops::cross_entropy(&logits, &Labels::new(&[0, 2], Device::Cpu)?)?;
+//! let grads = tape.backward(&loss)?;
+//! assert_eq!(grads.get(&mlp.parameters()[0]).unwrap().dims(), [2, 16]);
+//! # Ok(()) }
+//! ```
+use crate::tape::{Tape, Var};
+use crate::{Error, Result, ops};
+use opsmith_host::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The nonlinearity between the layers of an [`Mlp`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `max(x, 0)`.
+    Relu,
+    /// GELU, tanh form.
+    Gelu,
+    /// `x·σ(x)`.
+    Silu,
+}
+
+impl Activation {
+    /// Applies the activation as a differentiable op.
+    pub fn apply(self, x: &Var) -> Result<Var> {
+        match self {
+            Activation::Relu => ops::relu(x),
+            Activation::Gelu => ops::gelu(x),
+            Activation::Silu => ops::silu(x),
+        }
+    }
+
+    /// The name stored in model files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Relu => "relu",
+            Activation::Gelu => "gelu",
+            Activation::Silu => "silu",
+        }
+    }
+
+    /// The activation named `name` (as [`Activation::name`] gives it).
+    pub fn from_name(name: &str) -> Option<Activation> {
+        [Activation::Relu, Activation::Gelu, Activation::Silu].into_iter().find(|a| a.name() == name)
+    }
+}
+
+/// A deterministic uniform generator for weight initialisation (SplitMix64), so a seed gives the
+/// same model on every platform and device.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn uniform(&mut self, n: usize, bound: f64) -> Vec<f64> {
+        (0..n).map(|_| (2.0 * self.next_unit() - 1.0) * bound).collect()
+    }
+}
+
+/// Makes a parameter: tracked on `tape` when there is one, else a constant (inference).
+fn parameter(tape: Option<&Tape>, value: Tensor) -> Var {
+    match tape {
+        Some(tape) => tape.var(value),
+        None => Var::constant(value),
+    }
+}
+
+/// A fully connected layer, `y = x · W + b`, for `x` of shape `[batch, in]`, `W` of shape
+/// `[in, out]` and `b` of shape `[out]`: one GEMM and one bias-row kernel.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    weight: Var,
+    bias: Var,
+}
+
+impl Linear {
+    /// A layer initialised like PyTorch's `nn.Linear`: weight and bias uniform in
+    /// `±1/√in_features`, from `seed`.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, Var, nn::Linear};
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let layer = Linear::new(&Tape::new(), 3, 2, DType::F32, Device::Cpu, 1)?;
+    /// let x = Var::constant(Tensor::from_vec(vec![1.0f32; 12], [4, 3], Device::Cpu)?);
+    /// assert_eq!(layer.forward(&x)?.value().dims(), [4, 2]);
+    /// # Ok(()) }
+    /// ```
+    pub fn new(
+        tape: &Tape,
+        in_features: usize,
+        out_features: usize,
+        dtype: DType,
+        device: Device,
+        seed: u64,
+    ) -> Result<Linear> {
+        if in_features == 0 || out_features == 0 {
+            return Err(Error::InvalidConfig {
+                what: "Linear",
+                reason: format!("features must be positive, got {in_features} -> {out_features}"),
+            });
+        }
+        let mut rng = SplitMix(seed);
+        let bound = 1.0 / (in_features as f64).sqrt();
+        let weight = Tensor::from_f64(&rng.uniform(in_features * out_features, bound), [in_features, out_features], dtype, device)?;
+        let bias = Tensor::from_f64(&rng.uniform(out_features, bound), [out_features], dtype, device)?;
+        Linear::from_tensors(weight, bias, Some(tape))
+    }
+
+    /// A layer from existing tensors (`weight` `[in, out]`, `bias` `[out]`, same dtype and
+    /// device), tracked on `tape`, or constants for inference when `tape` is `None`.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Var, nn::Linear};
+    /// use opsmith_host::{Device, Tensor};
+    /// let w = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 2.0], [2, 2], Device::Cpu)?;
+    /// let b = Tensor::from_vec(vec![0.5f32, -0.5], [2], Device::Cpu)?;
+    /// let layer = Linear::from_tensors(w, b, None)?;
+    /// let x = Var::constant(Tensor::from_vec(vec![3.0f32, 4.0], [1, 2], Device::Cpu)?);
+    /// assert_eq!(layer.forward(&x)?.value().to_vec::<f32>()?, [3.5, 7.5]);
+    /// # Ok(()) }
+    /// ```
+    pub fn from_tensors(weight: Tensor, bias: Tensor, tape: Option<&Tape>) -> Result<Linear> {
+        let [_, out] = *weight.dims() else {
+            return Err(Error::InvalidConfig {
+                what: "Linear",
+                reason: format!("the weight must be [in, out], got shape {:?}", weight.dims()),
+            });
+        };
+        if bias.dims() != [out] {
+            return Err(opsmith_host::Error::ShapeMismatch { op: "Linear", lhs: vec![out], rhs: bias.dims().to_vec() }.into());
+        }
+        if bias.dtype() != weight.dtype() {
+            return Err(opsmith_host::Error::DTypeMismatch { op: "Linear", lhs: weight.dtype(), rhs: bias.dtype() }.into());
+        }
+        if bias.device() != weight.device() {
+            return Err(opsmith_host::Error::DeviceMismatch { op: "Linear", lhs: weight.device(), rhs: bias.device() }.into());
+        }
+        Ok(Linear { weight: parameter(tape, weight), bias: parameter(tape, bias) })
+    }
+
+    /// `x · W + b` for `x` of shape `[batch, in]`.
+    pub fn forward(&self, x: &Var) -> Result<Var> {
+        ops::add_row(&ops::matmul(x, &self.weight)?, &self.bias)
+    }
+
+    /// The weight, `[in, out]`.
+    pub fn weight(&self) -> &Var {
+        &self.weight
+    }
+
+    /// The bias, `[out]`.
+    pub fn bias(&self) -> &Var {
+        &self.bias
+    }
+
+    /// Input features.
+    pub fn in_features(&self) -> usize {
+        self.weight.value().dims()[0]
+    }
+
+    /// Output features.
+    pub fn out_features(&self) -> usize {
+        self.weight.value().dims()[1]
+    }
+}
+
+/// A multilayer perceptron: [`Linear`] layers with an [`Activation`] between them (not after
+/// the last, whose outputs are logits).
+#[derive(Clone, Debug)]
+pub struct Mlp {
+    layers: Vec<Linear>,
+    activation: Activation,
+}
+
+/// The metadata key that marks an opsmith MLP file, and its value.
+const FORMAT_KEY: (&str, &str) = ("format", "opsmith-mlp-v1");
+
+impl Mlp {
+    /// An MLP with layer widths `sizes` (`[in, hidden…, out]`, at least two), layer `i`
+    /// initialised from `seed + i`.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[4, 32, 32, 2], Activation::Gelu, DType::F32, Device::Cpu, 0)?;
+    /// assert_eq!(mlp.sizes(), [4, 32, 32, 2]);
+    /// assert_eq!(mlp.parameters().len(), 6);
+    /// # Ok(()) }
+    /// ```
+    pub fn new(tape: &Tape, sizes: &[usize], activation: Activation, dtype: DType, device: Device, seed: u64) -> Result<Mlp> {
+        if sizes.len() < 2 {
+            return Err(Error::InvalidConfig { what: "Mlp", reason: format!("needs at least [in, out] sizes, got {sizes:?}") });
+        }
+        let layers = sizes
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| Linear::new(tape, w[0], w[1], dtype, device, seed.wrapping_add(i as u64)))
+            .collect::<Result<_>>()?;
+        Ok(Mlp { layers, activation })
+    }
+
+    /// An MLP from layers whose widths chain (`layers[i].out_features() == layers[i + 1].in_features()`).
+    pub fn from_layers(layers: Vec<Linear>, activation: Activation) -> Result<Mlp> {
+        if layers.is_empty() {
+            return Err(Error::InvalidConfig { what: "Mlp", reason: "needs at least one layer".into() });
+        }
+        for (i, pair) in layers.windows(2).enumerate() {
+            if pair[0].out_features() != pair[1].in_features() {
+                return Err(Error::InvalidConfig {
+                    what: "Mlp",
+                    reason: format!(
+                        "layer {i} has {} outputs but layer {} takes {} inputs",
+                        pair[0].out_features(),
+                        i + 1,
+                        pair[1].in_features()
+                    ),
+                });
+            }
+        }
+        Ok(Mlp { layers, activation })
+    }
+
+    /// The logits for `x` of shape `[batch, in]`.
+    pub fn forward(&self, x: &Var) -> Result<Var> {
+        let mut h = self.layers[0].forward(x)?;
+        for layer in &self.layers[1..] {
+            h = layer.forward(&self.activation.apply(&h)?)?;
+        }
+        Ok(h)
+    }
+
+    /// Every parameter, layer by layer (weight, then bias): what an optimizer updates.
+    pub fn parameters(&self) -> Vec<Var> {
+        self.layers.iter().flat_map(|l| [l.weight.clone(), l.bias.clone()]).collect()
+    }
+
+    /// The layers.
+    pub fn layers(&self) -> &[Linear] {
+        &self.layers
+    }
+
+    /// The activation between layers.
+    pub fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    /// The layer widths, `[in, hidden…, out]`.
+    pub fn sizes(&self) -> Vec<usize> {
+        std::iter::once(self.layers[0].in_features()).chain(self.layers.iter().map(Linear::out_features)).collect()
+    }
+
+    /// The device of the parameters.
+    pub fn device(&self) -> Device {
+        self.layers[0].weight.value().device()
+    }
+
+    /// The weights as a safetensors file: `layers.{i}.weight` (`[in, out]`) and
+    /// `layers.{i}.bias`, in the parameters' dtype, with the activation in the metadata.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 2], Activation::Silu, DType::F32, Device::Cpu, 3)?;
+    /// let bytes = mlp.to_safetensors()?;
+    /// let back = Mlp::from_safetensors(&bytes, Device::Cpu, None)?;
+    /// assert_eq!(back.activation(), Activation::Silu);
+    /// assert_eq!(back.layers()[0].weight().value().to_vec::<f32>()?, mlp.layers()[0].weight().value().to_vec::<f32>()?);
+    /// # Ok(()) }
+    /// ```
+    pub fn to_safetensors(&self) -> Result<Vec<u8>> {
+        let mut tensors = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (kind, var) in [("weight", &layer.weight), ("bias", &layer.bias)] {
+                let t = var.value();
+                tensors.push((format!("layers.{i}.{kind}"), t.dtype(), t.dims().to_vec(), tensor_bytes(t)?));
+            }
+        }
+        let views = tensors
+            .iter()
+            .map(|(name, dtype, dims, bytes)| {
+                let view = safetensors::tensor::TensorView::new(st_dtype(*dtype), dims.clone(), bytes)
+                    .map_err(|e| Error::ModelFile { path: name.clone(), reason: e.to_string() })?;
+                Ok((name.clone(), view))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let metadata = HashMap::from([
+            (FORMAT_KEY.0.to_string(), FORMAT_KEY.1.to_string()),
+            ("activation".to_string(), self.activation.name().to_string()),
+        ]);
+        safetensors::serialize(views, Some(metadata))
+            .map_err(|e| Error::ModelFile { path: "<memory>".into(), reason: e.to_string() })
+    }
+
+    /// Writes [`Mlp::to_safetensors`] to `path`.
+    pub fn save_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let bytes = self.to_safetensors()?;
+        std::fs::write(path, bytes).map_err(|e| Error::ModelFile { path: path.display().to_string(), reason: e.to_string() })
+    }
+
+    /// Reads a file written by [`Mlp::save_safetensors`], onto `device`; parameters are tracked on
+    /// `tape`, or constants (for inference) when it is `None`.
+    pub fn load_safetensors(path: impl AsRef<Path>, device: Device, tape: Option<&Tape>) -> Result<Mlp> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| Error::ModelFile { path: path.display().to_string(), reason: e.to_string() })?;
+        Mlp::from_safetensors(&bytes, device, tape).map_err(|e| match e {
+            Error::ModelFile { reason, .. } => Error::ModelFile { path: path.display().to_string(), reason },
+            other => other,
+        })
+    }
+
+    /// Parses the bytes of a file written by [`Mlp::to_safetensors`].
+    pub fn from_safetensors(bytes: &[u8], device: Device, tape: Option<&Tape>) -> Result<Mlp> {
+        let bad = |reason: String| Error::ModelFile { path: "<memory>".into(), reason };
+        let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
+        let metadata = header.metadata().clone().unwrap_or_default();
+        if metadata.get(FORMAT_KEY.0).map(String::as_str) != Some(FORMAT_KEY.1) {
+            return Err(bad(format!("not an opsmith MLP file (metadata {FORMAT_KEY:?} missing)")));
+        }
+        let activation = metadata
+            .get("activation")
+            .and_then(|a| Activation::from_name(a))
+            .ok_or_else(|| bad(format!("unknown activation {:?}", metadata.get("activation"))))?;
+        let file = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
+        let mut layers = Vec::new();
+        for i in 0.. {
+            let weight_name = format!("layers.{i}.weight");
+            let Ok(weight) = file.tensor(&weight_name) else { break };
+            let bias = file.tensor(&format!("layers.{i}.bias")).map_err(|_| bad(format!("layers.{i}.bias is missing")))?;
+            let weight = load_tensor(&weight_name, &weight, device)?;
+            let bias = load_tensor(&format!("layers.{i}.bias"), &bias, device)?;
+            layers.push(Linear::from_tensors(weight, bias, tape)?);
+        }
+        if layers.is_empty() {
+            return Err(bad("no layers.0.weight".into()));
+        }
+        Mlp::from_layers(layers, activation)
+    }
+}
+
+fn st_dtype(dtype: DType) -> safetensors::Dtype {
+    match dtype {
+        DType::F64 => safetensors::Dtype::F64,
+        DType::F32 => safetensors::Dtype::F32,
+        DType::F16 => safetensors::Dtype::F16,
+        DType::BF16 => safetensors::Dtype::BF16,
+    }
+}
+
+/// The little-endian bytes of a tensor's values, as safetensors stores them.
+fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    Ok(match t.dtype() {
+        DType::F64 => t.to_vec::<f64>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F32 => t.to_vec::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F16 => t.to_vec::<half::f16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::BF16 => t.to_vec::<half::bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    })
+}
+
+fn load_tensor(name: &str, view: &safetensors::tensor::TensorView<'_>, device: Device) -> Result<Tensor> {
+    let bytes = view.data();
+    let shape = view.shape().to_vec();
+    let wrong = |what: &str| Error::ModelFile { path: "<memory>".into(), reason: format!("{name}: {what}") };
+    let t = match view.dtype() {
+        safetensors::Dtype::F64 => {
+            Tensor::from_vec(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect(), shape, device)
+        }
+        safetensors::Dtype::F32 => {
+            Tensor::from_vec(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect(), shape, device)
+        }
+        safetensors::Dtype::F16 => Tensor::from_vec(
+            bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
+            shape,
+            device,
+        ),
+        safetensors::Dtype::BF16 => Tensor::from_vec(
+            bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
+            shape,
+            device,
+        ),
+        other => return Err(wrong(&format!("unsupported dtype {other:?}"))),
+    };
+    Ok(t?)
+}

@@ -1,0 +1,149 @@
+//! Trains a small MLP to tell two interleaved spirals apart, on CUDA if present, else on the
+//! CPU, with the loss shown as it falls; reports the accuracy on held-out points and writes the
+//! trained weights as safetensors (the file the `serve` example loads).
+//!
+//! ```text
+//! cargo run --release --example train_mlp                       # CUDA if present
+//! cargo run --release --example train_mlp -- --device cpu --out target/mlp.safetensors
+//! ```
+//!
+//! Everything runs through the tape: `Mlp::forward` (GEMM + bias row + ReLU), a fused
+//! log-softmax cross-entropy, backward, and one fused Adam kernel per parameter.
+use indicatif::{ProgressBar, ProgressStyle};
+use opsmith::autograd::nn::{Activation, Mlp};
+use opsmith::autograd::optim::{Adam, AdamConfig, Optimizer};
+use opsmith::autograd::{Result, Tape, Var, no_grad, ops};
+use opsmith::host::Labels;
+use opsmith::{DType, Device, Tensor};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[path = "common/spirals.rs"]
+mod spirals;
+use spirals::{accuracy, spirals};
+
+/// The accuracy this example promises on held-out points; it exits with an error below it.
+const REQUIRED_ACCURACY: f64 = 0.95;
+
+struct Args {
+    device: Device,
+    steps: usize,
+    hidden: usize,
+    points: usize,
+    out: PathBuf,
+}
+
+fn parse_args() -> std::result::Result<Args, String> {
+    let mut args =
+        Args { device: Device::cuda_if_available(), steps: 600, hidden: 128, points: 1024, out: "target/mlp.safetensors".into() };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--device" => {
+                args.device = match value()?.as_str() {
+                    "cpu" => Device::Cpu,
+                    "cuda" => Device::Cuda(0),
+                    other => return Err(format!("--device: expected cpu or cuda, got {other}")),
+                }
+            }
+            "--steps" => args.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--hidden" => args.hidden = value()?.parse().map_err(|e| format!("--hidden: {e}"))?,
+            "--points" => args.points = value()?.parse().map_err(|e| format!("--points: {e}"))?,
+            "--out" => args.out = value()?.into(),
+            "--help" | "-h" => {
+                return Err("usage: train_mlp [--device cpu|cuda] [--steps N] [--hidden N] [--points N] [--out FILE]".into());
+            }
+            other => return Err(format!("unknown argument {other} (try --help)")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> Result<()> {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    let device = args.device;
+    println!("training a [2, {}, 2] MLP on {} spiral points, on {device}", args.hidden, args.points);
+
+    let (train_x, train_y) = spirals(args.points, 1);
+    let (test_x, test_y) = spirals(args.points, 2);
+    let x = Var::constant(Tensor::from_vec(train_x, [args.points, 2], device)?);
+    let labels = Labels::new(&train_y, device)?;
+
+    let tape = Tape::new();
+    let mlp = Mlp::new(&tape, &[2, args.hidden, 2], Activation::Relu, DType::F32, device, 42)?;
+    let mut adam = Adam::new(mlp.parameters(), AdamConfig { lr: 0.02, ..AdamConfig::default() })?;
+
+    // A bar on a terminal; plain lines in logs (CI), ten of them.
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(args.steps as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} steps  loss {msg}  {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let started = Instant::now();
+    let mut first_loss = None;
+    let mut last_loss = f64::NAN;
+    for step in 1..=args.steps {
+        let loss = ops::cross_entropy(&mlp.forward(&x)?, &labels)?;
+        let grads = tape.backward(&loss)?;
+        adam.step(&grads)?;
+        // Reading the loss synchronizes; a training loop on a GPU would do it less often.
+        if step == 1 || step % 10 == 0 || step == args.steps {
+            last_loss = loss.value().to_vec_f64()?[0];
+            first_loss.get_or_insert(last_loss);
+            match &bar {
+                Some(bar) => {
+                    bar.set_position(step as u64);
+                    bar.set_message(format!("{last_loss:.4}"));
+                }
+                None if step == 1 || step % (args.steps / 10).max(1) == 0 || step == args.steps => {
+                    println!("step {step:>5}/{}  loss {last_loss:.4}", args.steps);
+                }
+                None => {}
+            }
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish();
+    }
+    let elapsed = started.elapsed();
+
+    let test_logits = {
+        let _inference = no_grad();
+        mlp.forward(&Var::constant(Tensor::from_vec(test_x, [args.points, 2], device)?))?
+    };
+    let test_accuracy = accuracy(test_logits.value(), &test_y)?;
+    println!(
+        "loss {:.4} -> {last_loss:.4} in {} steps ({:.2} ms/step); held-out accuracy {:.1}% (promised >= {:.0}%)",
+        first_loss.unwrap_or(f64::NAN),
+        args.steps,
+        elapsed.as_secs_f64() * 1e3 / args.steps as f64,
+        test_accuracy * 100.0,
+        REQUIRED_ACCURACY * 100.0
+    );
+
+    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| opsmith::autograd::Error::ModelFile {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    }
+    mlp.save_safetensors(&args.out)?;
+    println!("wrote the weights to {}", args.out.display());
+
+    if test_accuracy < REQUIRED_ACCURACY {
+        eprintln!("accuracy {:.1}% is below the promised {:.0}%", test_accuracy * 100.0, REQUIRED_ACCURACY * 100.0);
+        std::process::exit(1);
+    }
+    Ok(())
+}
