@@ -1,13 +1,16 @@
 //! Operations on tensors. Each op checks its operands, then runs on their device: the CPU half
 //! is in [`cpu`](self) on `ndarray`, the CUDA half launches the kernels of `kernels-gpu`.
 //!
-//! Every op has two forms: a functional one that returns new tensors (`fused_mul_add`), and an
-//! `_into` form that writes into tensors the caller provides (`fused_mul_add_into`). An output
-//! may be exactly one of the inputs (in place) but may not partially overlap any operand.
+//! Every elementwise op has two forms: a functional one that returns new tensors
+//! (`fused_mul_add`), and an `_into` form that writes into tensors the caller provides
+//! (`fused_mul_add_into`). An output may be exactly one of the inputs (in place) but may not
+//! partially overlap any operand.
 //!
 //! Arithmetic runs in f32 for f32, f16 and bf16 (in f64 for f64, CPU only), and results are
-//! rounded once to the storage dtype; the CPU and CUDA results are bit-identical for finite
-//! inputs.
+//! rounded once to the storage dtype; the CPU and CUDA results of the elementwise ops are
+//! bit-identical for finite inputs. Softmax and the losses use the GPU's `ex2.approx` on CUDA and
+//! f64 on the CPU, so the two agree to within a few f32 units in the last place (see
+//! [`softmax`]).
 pub(crate) mod check;
 mod cpu;
 mod cuda;
