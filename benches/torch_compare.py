@@ -9,6 +9,10 @@ Compared:
   * d = a*b + c: eager (two kernels), torch.addcmul (one), torch.compile (one, generated);
   * z = (x+y)*w forward + backward from a given gradient: eager autograd and torch.compile'd
     autograd, gradients cleared between steps the way a training loop clears them (grad = None);
+  * softmax(x*scale + mask) along the last axis, with a full additive mask: eager (three
+    kernels) and torch.compile (one, generated), forward and forward + backward from a given
+    gradient, at the shapes of the `bandwidth` example's softmax section. Bytes are what the op
+    must move (x, mask, y: 3 values an element forward; g, y, gx: 3 more backward), as there;
   * host overhead at n = 1024: per op, and per forward+sum+backward step.
 """
 import statistics
@@ -18,6 +22,9 @@ import torch
 
 WARMUP, REPS = 5, 30
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+# (rows, cols): square matrices, and 2^24 elements as rows of 1024, 4096 and 16384 values.
+SOFTMAX_SHAPES = [(1024, 1024), (4096, 4096), (8192, 8192), (16384, 1024), (1024, 16384)]
+SOFTMAX_SCALE = 0.125
 
 
 def median_ms(fn):
@@ -86,6 +93,8 @@ def main():
             row("torch.compile (x+y)*w fwd+bwd", 10, median_ms(step(add_mul_compiled)))
             del a, b, c, g, x, y, w
 
+    softmax_rows(rows, quick)
+
     print("\n| op | dtype | n | median ms | bytes moved | GB/s | % of copy |")
     print("|---|---|---|---|---|---|---|")
     for what, dtype, log2n, ms, nbytes in rows:
@@ -119,6 +128,38 @@ def main():
     print(f"| torch.addcmul | {per_call_us(lambda: torch.addcmul(c, a, b)):.2f} |")
     print(f"| torch eager a*b+c | {per_call_us(lambda: a * b + c):.2f} |")
     print(f"| torch eager step: (x+y)*w, sum, backward | {per_call_us(step):.2f} |")
+
+
+def masked_softmax(x, mask):
+    return torch.softmax(x * SOFTMAX_SCALE + mask, -1)
+
+
+def softmax_rows(rows, quick):
+    compiled = torch.compile(masked_softmax)
+    shapes = [(4096, 4096)] if quick else SOFTMAX_SHAPES
+    for r, c in shapes:
+        dtypes = DTYPES.items() if (r, c) == (4096, 4096) else [("f32", torch.float32)]
+        for name, dtype in dtypes:
+            n = r * c
+            size = torch.tensor([], dtype=dtype).element_size()
+            x, mask, g = (random(n, dtype, s).view(r, c) for s in (60, 61, 62))
+
+            def row(what, values, ms):
+                rows.append((f"{what} [{r}x{c}]", name, n.bit_length() - 1, ms, values * n * size))
+
+            row("torch eager softmax(x*s+mask) fwd", 3, median_ms(lambda: masked_softmax(x, mask)))
+            row("torch.compile softmax(x*s+mask) fwd", 3, median_ms(lambda: compiled(x, mask)))
+            xg = x.clone().requires_grad_(True)
+
+            def step(fn):
+                def run():
+                    xg.grad = None
+                    fn(xg, mask).backward(g)
+                return run
+
+            row("torch eager softmax(x*s+mask) fwd+bwd", 6, median_ms(step(masked_softmax)))
+            row("torch.compile softmax(x*s+mask) fwd+bwd", 6, median_ms(step(compiled)))
+            del x, mask, g, xg
 
 
 if __name__ == "__main__":

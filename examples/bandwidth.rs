@@ -1,6 +1,6 @@
-//! Measures the elementwise ops against the device-to-device copy bandwidth of the same GPU,
-//! in one run: median of event-timed launches after warm-up, bytes each op must move, GB/s, and
-//! that as a share of the copy.
+//! Measures the elementwise ops and softmax against the device-to-device copy bandwidth of the
+//! same GPU, in one run: median of event-timed launches after warm-up, bytes each op must move,
+//! GB/s, and that as a share of the copy.
 //!
 //! It also measures host overhead at n = 1024 (wall time per op and per tape step, with the
 //! queue drained once at the end), writes every row to a CSV file, and plots GB/s against size,
@@ -10,6 +10,7 @@
 //! cargo run --release --example bandwidth                      # sizes 2^20 .. 2^28
 //! cargo run --release --example bandwidth -- --quick           # 2^20 and 2^24 only
 //! cargo run --release --example bandwidth -- --log2 28         # one size (for a profiler)
+//! cargo run --release --example bandwidth -- --softmax         # the softmax section only
 //! cargo run --release --example bandwidth -- --out DIR         # bandwidth.csv, bandwidth.svg in DIR
 //! cargo run --release --example bandwidth -- --ptx other.ptx   # also time fused_mul_add_f32 from other PTX
 //! ```
@@ -118,9 +119,10 @@ fn main() -> Result<()> {
     drop((src, dst));
     println!("device-to-device copy, 2^{copy_log2} f32: {copy_ms:.3} ms, {copy_gbs:.0} GB/s (read + write)");
 
+    let softmax_only = args.iter().any(|a| a == "--softmax");
     let mut rows = Vec::new();
     let mut copy_at = Vec::new();
-    for &log2n in &sizes {
+    for &log2n in sizes.iter().filter(|_| !softmax_only) {
         let n = 1usize << log2n;
         let (src, dst) = (random(DType::F32, n, 2, device)?, Tensor::zeros([n], DType::F32, device)?);
         let ms = time_ms(&dev, || dst.copy_from_(&src))?;
@@ -190,6 +192,10 @@ fn main() -> Result<()> {
         }
     }
 
+    if only.is_none() {
+        softmax_section(&dev, device, quick, &mut rows)?;
+    }
+
     println!("\n| op | dtype | n | median ms | bytes moved | GB/s | % of copy | % of same-size copy |");
     println!("|---|---|---|---|---|---|---|---|");
     let mut csv = String::from("op,dtype,log2n,median_ms,bytes,gb_per_s,share_of_copy,share_of_same_size_copy\n");
@@ -222,8 +228,66 @@ fn main() -> Result<()> {
     })?;
     println!("\nwrote {} and {}", csv_path.display(), svg_path.display());
 
-    small_tensor_overhead(&dev, device)?;
+    if let Some(r) = rows.iter().find(|r| r.what == SOFTMAX_TARGET && r.dtype == DType::F32) {
+        let gbs = r.bytes / r.ms / 1e6;
+        println!(
+            "\n{SOFTMAX_TARGET} f32: {:.1} µs, {gbs:.0} GB/s = {:.1}% of copy (the target, 85%, is {:.1} µs)",
+            r.ms * 1e3,
+            100.0 * gbs / copy_gbs,
+            r.bytes / (0.85 * copy_gbs) / 1e3
+        );
+    }
+    if !softmax_only {
+        small_tensor_overhead(&dev, device)?;
+    }
     println!("\ncopy ceiling: {copy_gbs:.0} GB/s ({WARMUP} warm-up runs, median of {REPS})");
+    Ok(())
+}
+
+/// The softmax row the target is stated for.
+const SOFTMAX_TARGET: &str = "softmax fwd, full mask [4096x4096]";
+
+/// `softmax(scale * x + mask)` along rows of `(rows, cols)` matrices: square ones, and 2^24
+/// elements as rows of 1024, 4096 and 16384 values.
+const SOFTMAX_SHAPES: [(usize, usize); 5] = [(1024, 1024), (4096, 4096), (8192, 8192), (16384, 1024), (1024, 16384)];
+
+/// Softmax forward with a full additive mask (x and the mask read, y written: 12 bytes an f32
+/// element) and without one (8 bytes), its backward (g and y read, gx written: 12 bytes), and
+/// both in a row (24 bytes): f32 at every shape, f16 and bf16 at 4096 x 4096.
+fn softmax_section(dev: &CudaDevice, device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
+    let shapes = if quick { &SOFTMAX_SHAPES[1..2] } else { &SOFTMAX_SHAPES[..] };
+    let scale = 0.125;
+    for &(r, c) in shapes {
+        let dtypes: &[DType] =
+            if (r, c) == (4096, 4096) { &[DType::F32, DType::F16, DType::BF16] } else { &[DType::F32] };
+        for &dtype in dtypes {
+            let n = r * c;
+            let [x, mask, g] = [60, 61, 62].map(|seed| random(dtype, n, seed, device).and_then(|t| t.reshape([r, c])));
+            let (x, mask, g) = (x?, mask?, g?);
+            let y = ops::softmax(&x, scale, Some(&mask))?;
+            let size = dtype.size_in_bytes() as f64;
+            let mut row = |what: &str, values_moved: f64, ms: f64| {
+                rows.push(Row {
+                    what: format!("softmax {what} [{r}x{c}]"),
+                    dtype,
+                    log2n: n.ilog2(),
+                    ms,
+                    bytes: values_moved * n as f64 * size,
+                })
+            };
+            row("fwd, full mask", 3.0, time_ms(dev, || ops::softmax(&x, scale, Some(&mask)).map(drop))?);
+            row("fwd, no mask", 2.0, time_ms(dev, || ops::softmax(&x, scale, None).map(drop))?);
+            row("bwd", 3.0, time_ms(dev, || ops::softmax_backward(&g, &y, scale).map(drop))?);
+            row(
+                "fwd+bwd, full mask",
+                6.0,
+                time_ms(dev, || {
+                    let y = ops::softmax(&x, scale, Some(&mask))?;
+                    ops::softmax_backward(&g, &y, scale).map(drop)
+                })?,
+            );
+        }
+    }
     Ok(())
 }
 

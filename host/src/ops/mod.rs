@@ -1,14 +1,16 @@
 //! Operations on tensors. Each op checks its operands, then runs on their device: the CPU half
 //! is in [`cpu`](self) on `ndarray`, the CUDA half launches the kernels of `kernels-gpu`.
 //!
-//! Every op has two forms: a functional one that returns new tensors (`fused_mul_add`), and an
-//! `_into` form that writes into tensors the caller provides (`fused_mul_add_into`). An output
-//! may be exactly one of the inputs (in place) but may not partially overlap any operand.
+//! Every elementwise op has two forms: a functional one that returns new tensors
+//! (`fused_mul_add`), and an `_into` form that writes into tensors the caller provides
+//! (`fused_mul_add_into`). An output may be exactly one of the inputs (in place) but may not
+//! partially overlap any operand.
 //!
 //! Arithmetic runs in f32 for f32, f16 and bf16 (in f64 for f64, CPU only), and results are
 //! rounded once to the storage dtype; the CPU and CUDA results are bit-identical for finite
 //! inputs, except for `gelu`, `silu` and their backward, whose exponential differs by a few
-//! ulps between the two (see [`gelu`]), and the matrix products ([`matmul`], on cuBLAS), which
+//! ulps between the two (see [`gelu`]); softmax and the losses, which use `ex2.approx` on CUDA and f64 on the CPU
+//! and agree to a few f32 ulps (see [`softmax`]); and the matrix products ([`matmul`], on cuBLAS), which
 //! add their products in another order on each device and agree to within f32 rounding.
 //!
 //! The optimizer steps ([`sgd_step`], [`adam_step`]) update their tensors in place.

@@ -82,18 +82,21 @@ fn softmax_tolerance(dtype: DType, r: f64, magnitude: f64, cols: usize) -> f64 {
     r * (arith + store) + floor
 }
 
-/// One softmax case: checks the result against [`softmax_reference`], and masked-out values
-/// (and fully masked rows) against exact zeros.
-fn check_softmax(
-    device: Device,
-    dtype: DType,
-    shape: &[usize],
-    x: &[f64],
-    mask: Option<(&[usize], &[f64])>,
+/// One softmax call: `softmax(scale * x + mask)` of `x` of `shape`, the views starting at
+/// `offset` (the mask at twice that).
+struct SoftmaxCase<'a> {
+    label: &'a str,
+    shape: &'a [usize],
+    x: &'a [f64],
+    mask: Option<(&'a [usize], &'a [f64])>,
     scale: f64,
     offset: usize,
-    label: &str,
-) -> Result<()> {
+}
+
+/// Checks one case against [`softmax_reference`], and masked-out values (and fully masked rows)
+/// against exact zeros.
+fn check_softmax(device: Device, dtype: DType, case: SoftmaxCase<'_>) -> Result<()> {
+    let SoftmaxCase { label, shape, x, mask, scale, offset } = case;
     let cols = *shape.last().unwrap();
     let xt = tensor_at(x, shape, offset, dtype, device)?;
     let mt = match mask {
@@ -133,7 +136,11 @@ pub fn softmax_against_f64(device: Device) -> Result<()> {
             let rows = 3;
             let n = rows * cols;
             let x = random_values(&mut rng, n, dtype);
-            check_softmax(device, dtype, &[rows, cols], &x, None, 1.0, 0, "no mask")?;
+            check_softmax(
+                device,
+                dtype,
+                SoftmaxCase { label: "no mask", shape: &[rows, cols], x: &x, mask: None, scale: 1.0, offset: 0 },
+            )?;
 
             // A row mask with some values masked out (never all of them).
             let mut row_mask = random_values(&mut rng, cols, dtype);
@@ -142,25 +149,80 @@ pub fn softmax_against_f64(device: Device) -> Result<()> {
                     *m = f64::NEG_INFINITY;
                 }
             }
-            check_softmax(device, dtype, &[rows, cols], &x, Some((&[cols], &row_mask)), 0.125, 0, "row mask")?;
+            check_softmax(
+                device,
+                dtype,
+                SoftmaxCase {
+                    label: "row mask",
+                    shape: &[rows, cols],
+                    x: &x,
+                    mask: Some((&[cols], &row_mask)),
+                    scale: 0.125,
+                    offset: 0,
+                },
+            )?;
 
             // A full mask whose middle row is all -inf.
             let mut full = random_values(&mut rng, n, dtype);
             full[cols..2 * cols].iter_mut().for_each(|m| *m = f64::NEG_INFINITY);
-            check_softmax(device, dtype, &[rows, cols], &x, Some((&[rows, cols], &full)), -1.5, 0, "full mask")?;
+            check_softmax(
+                device,
+                dtype,
+                SoftmaxCase {
+                    label: "full mask",
+                    shape: &[rows, cols],
+                    x: &x,
+                    mask: Some((&[rows, cols], &full)),
+                    scale: -1.5,
+                    offset: 0,
+                },
+            )?;
 
             // x [2, heads, cols] with a mask of x's two trailing dims.
             let heads = 3;
             let x3 = random_values(&mut rng, 2 * heads * cols, dtype);
             let m3 = random_values(&mut rng, heads * cols, dtype);
-            check_softmax(device, dtype, &[2, heads, cols], &x3, Some((&[heads, cols], &m3)), 3.0, 0, "3-D")?;
+            check_softmax(
+                device,
+                dtype,
+                SoftmaxCase {
+                    label: "3-D",
+                    shape: &[2, heads, cols],
+                    x: &x3,
+                    mask: Some((&[heads, cols], &m3)),
+                    scale: 3.0,
+                    offset: 0,
+                },
+            )?;
 
             // Logits near 1000: exp overflows f32 (and f64 past 710) without the max subtracted.
             let big: Vec<f64> = (0..n).map(|_| round_to(dtype, 4.0 + rng.random_range(-0.02..0.02))).collect();
-            check_softmax(device, dtype, &[rows, cols], &big, None, 250.0, 0, "large logits")?;
+            check_softmax(
+                device,
+                dtype,
+                SoftmaxCase {
+                    label: "large logits",
+                    shape: &[rows, cols],
+                    x: &big,
+                    mask: None,
+                    scale: 250.0,
+                    offset: 0,
+                },
+            )?;
 
             // Unaligned views of x and the mask: the scalar path of the kernels.
-            check_softmax(device, dtype, &[rows, cols], &x, Some((&[cols], &row_mask)), 1.0, 1, "offset views")?;
+            check_softmax(
+                device,
+                dtype,
+                SoftmaxCase {
+                    label: "offset views",
+                    shape: &[rows, cols],
+                    x: &x,
+                    mask: Some((&[cols], &row_mask)),
+                    scale: 1.0,
+                    offset: 1,
+                },
+            )?;
         }
     }
     Ok(())
