@@ -127,11 +127,16 @@ fn run() -> Result<Vec<Report>> {
         Err(_) => free_loopback_port()?,
     };
     println!("data-parallel over {gpus} GPU(s), {} points per GPU, one thread each", POINTS / gpus);
-    let threads: Vec<_> =
-        (0..gpus).map(|rank| std::thread::spawn(move || train_rank(rank, gpus, Device::Cuda(rank), Some(addr)))).collect();
+    let threads: Vec<_> = (0..gpus)
+        .map(|rank| std::thread::spawn(move || train_rank(rank, gpus, Device::Cuda(rank), Some(addr))))
+        .collect();
     threads
         .into_iter()
-        .map(|t| t.join().unwrap_or_else(|_| Err(opsmith::autograd::Error::InvalidConfig { what: "train_ddp", reason: "a rank panicked".into() })))
+        .map(|t| {
+            t.join().unwrap_or_else(|_| {
+                Err(opsmith::autograd::Error::InvalidConfig { what: "train_ddp", reason: "a rank panicked".into() })
+            })
+        })
         .collect()
 }
 
@@ -140,7 +145,9 @@ fn free_loopback_port() -> Result<SocketAddr> {
         what: "train_ddp",
         reason: format!("no free loopback port: {e}"),
     })?;
-    Ok(listener.local_addr().map_err(|e| opsmith::autograd::Error::InvalidConfig { what: "train_ddp", reason: e.to_string() })?)
+    listener
+        .local_addr()
+        .map_err(|e| opsmith::autograd::Error::InvalidConfig { what: "train_ddp", reason: e.to_string() })
 }
 
 fn main() {
@@ -153,14 +160,19 @@ fn main() {
                     r.first_loss,
                     r.last_loss,
                     r.ms_per_step,
-                    r.accuracy.map(|a| format!(", held-out accuracy {:.1}% (weights in target/mlp-ddp.safetensors)", a * 100.0)).unwrap_or_default()
+                    r.accuracy
+                        .map(|a| format!(
+                            ", held-out accuracy {:.1}% (weights in target/mlp-ddp.safetensors)",
+                            a * 100.0
+                        ))
+                        .unwrap_or_default()
                 );
             }
-            if let Some(a) = reports.iter().find_map(|r| r.accuracy) {
-                if a < REQUIRED_ACCURACY {
-                    eprintln!("accuracy {:.1}% is below the promised {:.0}%", a * 100.0, REQUIRED_ACCURACY * 100.0);
-                    std::process::exit(1);
-                }
+            if let Some(a) = reports.iter().find_map(|r| r.accuracy)
+                && a < REQUIRED_ACCURACY
+            {
+                eprintln!("accuracy {:.1}% is below the promised {:.0}%", a * 100.0, REQUIRED_ACCURACY * 100.0);
+                std::process::exit(1);
             }
         }
         Err(e) => {

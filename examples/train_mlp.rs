@@ -35,8 +35,13 @@ struct Args {
 }
 
 fn parse_args() -> std::result::Result<Args, String> {
-    let mut args =
-        Args { device: Device::cuda_if_available(), steps: 600, hidden: 128, points: 1024, out: "target/mlp.safetensors".into() };
+    let mut args = Args {
+        device: Device::cuda_if_available(),
+        steps: 600,
+        hidden: 128,
+        points: 1024,
+        out: "target/mlp.safetensors".into(),
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -53,7 +58,9 @@ fn parse_args() -> std::result::Result<Args, String> {
             "--points" => args.points = value()?.parse().map_err(|e| format!("--points: {e}"))?,
             "--out" => args.out = value()?.into(),
             "--help" | "-h" => {
-                return Err("usage: train_mlp [--device cpu|cuda] [--steps N] [--hidden N] [--points N] [--out FILE]".into());
+                return Err(
+                    "usage: train_mlp [--device cpu|cuda] [--steps N] [--hidden N] [--points N] [--out FILE]".into()
+                );
             }
             other => return Err(format!("unknown argument {other} (try --help)")),
         }

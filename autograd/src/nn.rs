@@ -121,7 +121,12 @@ impl Linear {
         }
         let mut rng = SplitMix(seed);
         let bound = 1.0 / (in_features as f64).sqrt();
-        let weight = Tensor::from_f64(&rng.uniform(in_features * out_features, bound), [in_features, out_features], dtype, device)?;
+        let weight = Tensor::from_f64(
+            &rng.uniform(in_features * out_features, bound),
+            [in_features, out_features],
+            dtype,
+            device,
+        )?;
         let bias = Tensor::from_f64(&rng.uniform(out_features, bound), [out_features], dtype, device)?;
         Linear::from_tensors(weight, bias, Some(tape))
     }
@@ -148,13 +153,19 @@ impl Linear {
             });
         };
         if bias.dims() != [out] {
-            return Err(opsmith_host::Error::ShapeMismatch { op: "Linear", lhs: vec![out], rhs: bias.dims().to_vec() }.into());
+            return Err(
+                opsmith_host::Error::ShapeMismatch { op: "Linear", lhs: vec![out], rhs: bias.dims().to_vec() }.into()
+            );
         }
         if bias.dtype() != weight.dtype() {
-            return Err(opsmith_host::Error::DTypeMismatch { op: "Linear", lhs: weight.dtype(), rhs: bias.dtype() }.into());
+            return Err(
+                opsmith_host::Error::DTypeMismatch { op: "Linear", lhs: weight.dtype(), rhs: bias.dtype() }.into()
+            );
         }
         if bias.device() != weight.device() {
-            return Err(opsmith_host::Error::DeviceMismatch { op: "Linear", lhs: weight.device(), rhs: bias.device() }.into());
+            return Err(
+                opsmith_host::Error::DeviceMismatch { op: "Linear", lhs: weight.device(), rhs: bias.device() }.into()
+            );
         }
         Ok(Linear { weight: parameter(tape, weight), bias: parameter(tape, bias) })
     }
@@ -209,9 +220,19 @@ impl Mlp {
     /// assert_eq!(mlp.parameters().len(), 6);
     /// # Ok(()) }
     /// ```
-    pub fn new(tape: &Tape, sizes: &[usize], activation: Activation, dtype: DType, device: Device, seed: u64) -> Result<Mlp> {
+    pub fn new(
+        tape: &Tape,
+        sizes: &[usize],
+        activation: Activation,
+        dtype: DType,
+        device: Device,
+        seed: u64,
+    ) -> Result<Mlp> {
         if sizes.len() < 2 {
-            return Err(Error::InvalidConfig { what: "Mlp", reason: format!("needs at least [in, out] sizes, got {sizes:?}") });
+            return Err(Error::InvalidConfig {
+                what: "Mlp",
+                reason: format!("needs at least [in, out] sizes, got {sizes:?}"),
+            });
         }
         let layers = sizes
             .windows(2)
@@ -318,14 +339,16 @@ impl Mlp {
     pub fn save_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = self.to_safetensors()?;
-        std::fs::write(path, bytes).map_err(|e| Error::ModelFile { path: path.display().to_string(), reason: e.to_string() })
+        std::fs::write(path, bytes)
+            .map_err(|e| Error::ModelFile { path: path.display().to_string(), reason: e.to_string() })
     }
 
     /// Reads a file written by [`Mlp::save_safetensors`], onto `device`; parameters are tracked on
     /// `tape`, or constants (for inference) when it is `None`.
     pub fn load_safetensors(path: impl AsRef<Path>, device: Device, tape: Option<&Tape>) -> Result<Mlp> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| Error::ModelFile { path: path.display().to_string(), reason: e.to_string() })?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::ModelFile { path: path.display().to_string(), reason: e.to_string() })?;
         Mlp::from_safetensors(&bytes, device, tape).map_err(|e| match e {
             Error::ModelFile { reason, .. } => Error::ModelFile { path: path.display().to_string(), reason },
             other => other,
@@ -349,7 +372,8 @@ impl Mlp {
         for i in 0.. {
             let weight_name = format!("layers.{i}.weight");
             let Ok(weight) = file.tensor(&weight_name) else { break };
-            let bias = file.tensor(&format!("layers.{i}.bias")).map_err(|_| bad(format!("layers.{i}.bias is missing")))?;
+            let bias =
+                file.tensor(&format!("layers.{i}.bias")).map_err(|_| bad(format!("layers.{i}.bias is missing")))?;
             let weight = load_tensor(&weight_name, &weight, device)?;
             let bias = load_tensor(&format!("layers.{i}.bias"), &bias, device)?;
             layers.push(Linear::from_tensors(weight, bias, tape)?);
@@ -385,12 +409,16 @@ fn load_tensor(name: &str, view: &safetensors::tensor::TensorView<'_>, device: D
     let shape = view.shape().to_vec();
     let wrong = |what: &str| Error::ModelFile { path: "<memory>".into(), reason: format!("{name}: {what}") };
     let t = match view.dtype() {
-        safetensors::Dtype::F64 => {
-            Tensor::from_vec(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect(), shape, device)
-        }
-        safetensors::Dtype::F32 => {
-            Tensor::from_vec(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect(), shape, device)
-        }
+        safetensors::Dtype::F64 => Tensor::from_vec(
+            bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
+            shape,
+            device,
+        ),
+        safetensors::Dtype::F32 => Tensor::from_vec(
+            bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
+            shape,
+            device,
+        ),
         safetensors::Dtype::F16 => Tensor::from_vec(
             bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
             shape,

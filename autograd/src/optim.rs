@@ -101,7 +101,8 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step(&mut self, grads: &Gradients) -> Result<()> {
-        let step = ops::SgdStep { lr: self.config.lr, momentum: self.config.momentum, weight_decay: self.config.weight_decay };
+        let step =
+            ops::SgdStep { lr: self.config.lr, momentum: self.config.momentum, weight_decay: self.config.weight_decay };
         for (p, buf) in self.params.iter().zip(&self.momentum) {
             if let Some(g) = grads.get(p) {
                 ops::sgd_step(p.value(), g, buf.as_ref(), &step)?;
@@ -158,7 +159,10 @@ impl Adam {
             .iter()
             .map(|p| {
                 let t = p.value();
-                Ok((Tensor::zeros(t.shape().clone(), t.dtype(), t.device())?, Tensor::zeros(t.shape().clone(), t.dtype(), t.device())?))
+                Ok((
+                    Tensor::zeros(t.shape().clone(), t.dtype(), t.device())?,
+                    Tensor::zeros(t.shape().clone(), t.dtype(), t.device())?,
+                ))
             })
             .collect::<Result<_>>()?;
         Ok(Adam { params, moments, config, step: 0 })

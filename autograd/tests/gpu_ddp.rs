@@ -74,7 +74,8 @@ fn two_ranks_equal_one_gpu_on_the_concatenated_batch() -> Result<()> {
             })
         })
         .collect();
-    let results: Vec<Vec<Vec<f64>>> = ranks.into_iter().map(|h| h.join().expect("rank panicked")).collect::<Result<_>>()?;
+    let results: Vec<Vec<Vec<f64>>> =
+        ranks.into_iter().map(|h| h.join().expect("rank panicked")).collect::<Result<_>>()?;
     assert_eq!(results[0], results[1], "replicas stay bit-identical");
     let mut worst = 0.0f64;
     for (p, r) in results[0].iter().zip(&reference) {

@@ -114,7 +114,10 @@ fn mlp_round_trips_through_safetensors_in_every_dtype() -> Result<()> {
 
 #[test]
 fn bad_model_files_are_errors() -> Result<()> {
-    assert!(matches!(Mlp::from_safetensors(b"not a safetensors file", Device::Cpu, None), Err(Error::ModelFile { .. })));
+    assert!(matches!(
+        Mlp::from_safetensors(b"not a safetensors file", Device::Cpu, None),
+        Err(Error::ModelFile { .. })
+    ));
     let missing = Mlp::load_safetensors("/nonexistent/dir/mlp.safetensors", Device::Cpu, None);
     match missing {
         Err(Error::ModelFile { path, .. }) => assert!(path.contains("nonexistent")),

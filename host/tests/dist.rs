@@ -192,7 +192,8 @@ fn missing_nccl_is_an_error_not_a_panic() {
         println!("skipped: NCCL is installed here");
         return;
     }
-    let is_missing = |e: &Error| matches!(e, Error::LibraryMissing { lib: "nccl", fix, .. } if fix.contains("libnccl.so"));
+    let is_missing =
+        |e: &Error| matches!(e, Error::LibraryMissing { lib: "nccl", fix, .. } if fix.contains("libnccl.so"));
     let err = UniqueId::new().unwrap_err();
     assert!(is_missing(&err), "{err}");
     assert!(dist::nccl_version().is_err_and(|e| is_missing(&e)));

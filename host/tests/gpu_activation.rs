@@ -70,7 +70,9 @@ fn optimizers_cuda_match_cpu_bitwise() -> Result<()> {
     let init = |rng: &mut StdRng| random_values(rng, n, dtype);
     let same = |what: &str, a: &Tensor, b: &Tensor| -> Result<()> {
         let (a, b) = (values(a)?, values(b)?);
-        if let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i).map(|v| v.to_bits()) != b.get(i).map(|v| v.to_bits())) {
+        if let Some(i) =
+            (0..a.len().max(b.len())).find(|&i| a.get(i).map(|v| v.to_bits()) != b.get(i).map(|v| v.to_bits()))
+        {
             panic!("{what}[{i}]: cpu {:e} vs cuda {:e}", a[i], b[i]);
         }
         Ok(())

@@ -256,7 +256,8 @@ pub const ALL_LOSS: [LossKernels; 3] = [loss::F32, loss::F16, loss::BF16];
 ///
 /// ```
 /// let names: Vec<&str> = opsmith_kernels::names::all_kernel_names().collect();
-/// assert_eq!(names.len(), 3 * (7 + 5)); // three dtypes, two families
+/// // Three dtypes of elementwise, reduction, activation, softmax and loss kernels; f32 optimizers.
+/// assert_eq!(names.len(), 3 * (7 + 5 + 6 + 12 + 4) + 3);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {

@@ -192,7 +192,12 @@ pub fn router(model: Arc<Model>, config: Config) -> Result<Router, StartError> {
 
 /// A worker: its own stream on CUDA; takes a request, merges what else arrives within
 /// `max_wait`, runs the batch, answers each request with its rows.
-fn run_worker(model: &Model, jobs: &Mutex<Receiver<Job>>, config: &Config, ready: std::sync::mpsc::Sender<Result<(), String>>) {
+fn run_worker(
+    model: &Model,
+    jobs: &Mutex<Receiver<Job>>,
+    config: &Config,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
+) {
     let stream = match model.mlp.device() {
         Device::Cuda(n) => match opsmith::cuda::CudaDevice::get(n).and_then(|d| d.new_stream()) {
             Ok(s) => Some(s),
@@ -289,7 +294,9 @@ async fn predict(State(state): State<Arc<AppState>>, body: Result<Json<PredictRe
     match state.queue.try_send(job) {
         Ok(()) => {}
         Err(TrySendError::Full(_)) => return error(StatusCode::SERVICE_UNAVAILABLE, "the queue is full; retry later"),
-        Err(TrySendError::Disconnected(_)) => return error(StatusCode::SERVICE_UNAVAILABLE, "the workers have stopped"),
+        Err(TrySendError::Disconnected(_)) => {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "the workers have stopped");
+        }
     }
     match answer.await {
         Ok(Ok(probabilities)) => {

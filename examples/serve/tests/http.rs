@@ -43,8 +43,11 @@ async fn start(config: Config) -> (String, Vec<(Vec<f64>, Vec<f64>)>) {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("mlp.safetensors");
     mlp.save_safetensors(&path).unwrap();
-    let weights =
-        mlp.layers().iter().map(|l| (l.weight().value().to_vec_f64().unwrap(), l.bias().value().to_vec_f64().unwrap())).collect();
+    let weights = mlp
+        .layers()
+        .iter()
+        .map(|l| (l.weight().value().to_vec_f64().unwrap(), l.bias().value().to_vec_f64().unwrap()))
+        .collect();
     let model = Arc::new(Model::load(&path, device).unwrap());
     let app = router(model, config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -79,7 +82,8 @@ async fn a_thousand_concurrent_requests_with_bad_ones_among_them() {
             let url = format!("{base}/v1/predict");
             if i % 10 == 3 {
                 // A row with three features: 422, and the message says why.
-                let answer = client.post(&url).json(&serde_json::json!({"inputs": [[1.0, 2.0, 3.0]]})).send().await.unwrap();
+                let answer =
+                    client.post(&url).json(&serde_json::json!({"inputs": [[1.0, 2.0, 3.0]]})).send().await.unwrap();
                 assert_eq!(answer.status(), StatusCode::UNPROCESSABLE_ENTITY);
                 let body: ErrorBody = answer.json().await.unwrap();
                 assert!(body.error.contains("3 features"), "{}", body.error);
@@ -111,7 +115,11 @@ async fn bad_requests_get_clear_4xx_answers_and_the_server_keeps_serving() {
         (json("{\"inputs\": [[1.0, 2.0]").await.unwrap(), StatusCode::BAD_REQUEST, "malformed"),
         (json("{\"inputs\": \"many\"}").await.unwrap(), StatusCode::BAD_REQUEST, "malformed"),
         (json("{\"rows\": [[1.0, 2.0]]}").await.unwrap(), StatusCode::BAD_REQUEST, "inputs"),
-        (client.post(&url).body("{\"inputs\": [[1.0, 2.0]]}").send().await.unwrap(), StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type"),
+        (
+            client.post(&url).body("{\"inputs\": [[1.0, 2.0]]}").send().await.unwrap(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type",
+        ),
         (json("{\"inputs\": []}").await.unwrap(), StatusCode::UNPROCESSABLE_ENTITY, "empty"),
         (json("{\"inputs\": [[1.0]]}").await.unwrap(), StatusCode::UNPROCESSABLE_ENTITY, "1 features"),
         (json("{\"inputs\": [[1.0, 2.0], [1.0, 2.0, 3.0]]}").await.unwrap(), StatusCode::UNPROCESSABLE_ENTITY, "row 1"),

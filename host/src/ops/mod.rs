@@ -31,9 +31,9 @@ mod activation;
 pub(crate) mod check;
 mod cpu;
 mod cuda;
+mod loss;
 mod matmul;
 mod optim;
-mod loss;
 mod reduce;
 mod softmax;
 
@@ -41,9 +41,9 @@ pub use activation::{
     gelu, gelu_backward, gelu_backward_into, gelu_into, relu, relu_backward, relu_backward_into, relu_into, silu,
     silu_backward, silu_backward_into, silu_into,
 };
+pub use loss::{cross_entropy, cross_entropy_backward, mse_loss, mse_loss_backward};
 pub use matmul::{matmul, matmul_into, matmul_t, matmul_t_into};
 pub use optim::{AdamStep, SgdStep, adam_step, sgd_step};
-pub use loss::{cross_entropy, cross_entropy_backward, mse_loss, mse_loss_backward};
 pub use reduce::{add_row, expand_scalar, mean, sum, sum_rows};
 pub use softmax::{softmax, softmax_backward};
 

@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 
 pub mod activation;
-pub mod optim;
 pub mod matmul;
+pub mod optim;
 
 use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
 use proptest::prelude::*;
