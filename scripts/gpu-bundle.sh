@@ -50,7 +50,10 @@ cp target/ptx-sm_90/*.ptx "$out/ptx/"
 
 # Symbols and debug info are not needed there; the carry to a GPU machine is size-limited.
 strip "$out"/bin/*
+# Every binary embeds the kernels' PTX text, which compresses about 4x; run.sh unpacks it.
+tar -C "$out" -czf "$out/bin.tar.gz" bin ptx
+rm -rf "${out:?}/bin" "${out:?}/ptx"
 cp scripts/gpu-run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
-ls -la "$out/bin" >&2
+tar -tzf "$out/bin.tar.gz" | grep "^bin/." >&2
 echo "bundle ready: $out ($(du -sh "$out" | cut -f1))" >&2

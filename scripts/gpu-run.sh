@@ -10,6 +10,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 what=${1:-all}
 logs=${LOG_DIR:-$here/logs}
 mkdir -p "$logs"
+# The bundle ships its binaries packed (scripts/gpu-bundle.sh); unpack them once.
+if [[ -f $here/bin.tar.gz && ! -d $here/bin ]]; then
+  tar -C "$here" -xzf "$here/bin.tar.gz"
+fi
 summary=()
 # opsmith sets it itself before NCCL starts; set here too so no test thread changes the
 # environment while others run. NVLink multicast can take shared GPUs out of service.
