@@ -4,7 +4,8 @@
 //! * [`host`] (`opsmith-host`): devices, streams, tensors, ops, module loading;
 //! * [`kernels`] (`opsmith-kernels`): the kernel name tables shared with the PTX, and the
 //!   activation and optimizer formulas the CPU backend shares with the kernels;
-//! * [`autograd`] (`opsmith-autograd`): the tape, custom ops and gradcheck.
+//! * [`autograd`] (`opsmith-autograd`): the tape, custom ops, gradcheck, `nn` (Linear, Mlp),
+//!   `optim` (SGD, Adam) and data-parallel training.
 //!
 //! ```
 //! use opsmith::{ops, Device, Tensor};
@@ -19,5 +20,5 @@
 
 pub use opsmith_autograd as autograd;
 pub use opsmith_host as host;
-pub use opsmith_host::{DType, Device, Element, Error, Result, Shape, Tensor, bf16, cuda, f16, ops};
+pub use opsmith_host::{DType, Device, Element, Error, Labels, Result, Shape, Tensor, bf16, cuda, f16, ops};
 pub use opsmith_kernels as kernels;
