@@ -137,45 +137,32 @@ pub struct RowKernel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SoftmaxKernels {
     /// `softmax(scale * x + mask)` with the row in registers, shortest rows first.
-    pub forward: [RowKernel; 5],
+    pub forward: &'static [RowKernel],
     /// `softmax(scale * x + mask)` for rows of any length (two passes over each row).
     pub forward_long: &'static str,
     /// `scale * y * (g - sum(g * y))` with the row in registers, shortest rows first.
-    pub backward: [RowKernel; 5],
+    pub backward: &'static [RowKernel],
     /// The backward for rows of any length.
     pub backward_long: &'static str,
 }
 
 impl SoftmaxKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 12] {
-        let (f, b) = (&self.forward, &self.backward);
-        [
-            f[0].name,
-            f[1].name,
-            f[2].name,
-            f[3].name,
-            f[4].name,
-            self.forward_long,
-            b[0].name,
-            b[1].name,
-            b[2].name,
-            b[3].name,
-            b[4].name,
-            self.backward_long,
-        ]
+    pub fn all(self) -> impl Iterator<Item = &'static str> {
+        let rows = self.forward.iter().chain(self.backward).map(|k| k.name);
+        rows.chain([self.forward_long, self.backward_long])
     }
 
     /// The forward kernel for rows of `cols` values: the smallest register-resident one that
     /// holds the row, else the long one.
     pub fn forward_for(&self, cols: u64) -> &'static str {
-        pick(&self.forward, cols).unwrap_or(self.forward_long)
+        pick(self.forward, cols).unwrap_or(self.forward_long)
     }
 
     /// The backward kernel for rows of `cols` values, chosen as [`forward_for`](Self::forward_for)
     /// chooses.
     pub fn backward_for(&self, cols: u64) -> &'static str {
-        pick(&self.backward, cols).unwrap_or(self.backward_long)
+        pick(self.backward, cols).unwrap_or(self.backward_long)
     }
 }
 
@@ -257,7 +244,8 @@ pub const ALL_LOSS: [LossKernels; 3] = [loss::F32, loss::F16, loss::BF16];
 /// ```
 /// let names: Vec<&str> = opsmith_kernels::names::all_kernel_names().collect();
 /// // Three dtypes of elementwise, reduction, activation, softmax and loss kernels; f32 optimizers.
-/// assert_eq!(names.len(), 3 * (7 + 5 + 6 + 12 + 4) + 3);
+/// // Softmax: 5 register-resident sizes for f32 and 3 for f16 and bf16, each way, plus the long kernels.
+/// assert_eq!(names.len(), 3 * (7 + 5 + 6 + 2 + 4) + 2 * (5 + 3 + 3) + 3);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {
