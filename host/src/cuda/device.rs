@@ -305,6 +305,31 @@ impl CudaDevice {
 
     /// Makes this device's context current on the calling thread (the device guard every op
     /// takes before touching the driver).
+    /// Hands the memory that the device's stream-ordered pool keeps for reuse back to the
+    /// driver, after waiting for the device (like PyTorch's `torch.cuda.empty_cache()`):
+    /// tensors still alive keep theirs. Allocations call it by themselves once before they
+    /// report [`Error::OutOfMemory`]; call it to leave memory to another process.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::CudaDevice;
+    /// CudaDevice::get(0)?.release_cached_memory()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn release_cached_memory(&self) -> Result<()> {
+        use cudarc::driver::sys;
+        self.synchronize()?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: the out-pointer is valid and the device handle comes from a live context.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.0.ctx.cu_device()) }
+            .result()
+            .map_err(|source| self.driver_error("cuDeviceGetDefaultMemPool", source))?;
+        // SAFETY: `pool` is the device's default pool; trimming frees only memory no allocation
+        // holds, and the synchronize above completed every pending free.
+        unsafe { sys::cuMemPoolTrimTo(pool, 0) }.result().map_err(|source| self.driver_error("cuMemPoolTrimTo", source))
+    }
+
     pub(crate) fn bind(&self) -> Result<()> {
         self.0.ctx.bind_to_thread().map_err(|source| self.driver_error("cuCtxSetCurrent", source))
     }

@@ -52,14 +52,30 @@ impl Storage {
     pub(crate) fn cuda_uninit(stream: &Stream, bytes: usize) -> Result<Arc<Self>> {
         let device = stream.device().clone();
         device.bind()?;
-        let slice = if bytes == 0 {
-            stream.raw().null::<u8>()
-        } else {
-            // SAFETY: the memory is uninitialised; every constructor that calls this writes all
-            // of it (an upload, a fill, or an op's output) before anyone reads it.
-            unsafe { stream.raw().alloc::<u8>(bytes) }
-        }
-        .map_err(|e| Error::from_alloc(device.device(), bytes, e))?;
+        let alloc = || {
+            if bytes == 0 {
+                stream.raw().null::<u8>()
+            } else {
+                // SAFETY: the memory is uninitialised; every constructor that calls this writes
+                // all of it (an upload, a fill, or an op's output) before anyone reads it.
+                unsafe { stream.raw().alloc::<u8>(bytes) }
+            }
+            .map_err(|e| Error::from_alloc(device.device(), bytes, e))
+        };
+        let slice = match alloc() {
+            // The pool keeps freed memory for reuse (see `keep_pool_memory`): hand it back to
+            // the driver and try once more before reporting out-of-memory, and leave the pool
+            // empty if even that fails, so a failed allocation hoards nothing.
+            Err(Error::OutOfMemory { .. }) => {
+                device.release_cached_memory()?;
+                let retried = alloc();
+                if retried.is_err() {
+                    device.release_cached_memory()?;
+                }
+                retried?
+            }
+            other => other?,
+        };
         Ok(Arc::new(Self { data: StorageData::Cuda { device, bytes: RwLock::new(slice) }, version: AtomicU64::new(0) }))
     }
 
