@@ -12,8 +12,9 @@ use opsmith_host::dist::Communicator;
 
 /// Keeps replicas in step: the same initial weights, averaged gradients.
 ///
-/// ```no_run
+/// ```
 /// # fn main() -> opsmith_autograd::Result<()> {
+/// # if !opsmith_host::Device::cuda_if_available().is_cuda() || !opsmith_host::dist::nccl_available() { return Ok(()); }
 /// use opsmith_autograd::data_parallel::DataParallel;
 /// use opsmith_autograd::nn::{Activation, Mlp};
 /// use opsmith_autograd::optim::{Adam, AdamConfig, Optimizer};

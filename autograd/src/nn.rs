@@ -34,6 +34,15 @@ pub enum Activation {
 
 impl Activation {
     /// Applies the activation as a differentiable op.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Var, nn::Activation};
+    /// use opsmith_host::{Device, Tensor};
+    /// let x = Var::constant(Tensor::from_vec(vec![-1.0f32, 2.0], [2], Device::Cpu)?);
+    /// assert_eq!(Activation::Relu.apply(&x)?.value().to_vec::<f32>()?, [0.0, 2.0]);
+    /// # Ok(()) }
+    /// ```
     pub fn apply(self, x: &Var) -> Result<Var> {
         match self {
             Activation::Relu => ops::relu(x),
@@ -43,6 +52,13 @@ impl Activation {
     }
 
     /// The name stored in model files.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::nn::Activation;
+    /// assert_eq!(Activation::Gelu.name(), "gelu");
+    /// # Ok(()) }
+    /// ```
     pub fn name(self) -> &'static str {
         match self {
             Activation::Relu => "relu",
@@ -52,6 +68,14 @@ impl Activation {
     }
 
     /// The activation named `name` (as [`Activation::name`] gives it).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::nn::Activation;
+    /// assert_eq!(Activation::from_name("silu"), Some(Activation::Silu));
+    /// assert_eq!(Activation::from_name("tanh"), None);
+    /// # Ok(()) }
+    /// ```
     pub fn from_name(name: &str) -> Option<Activation> {
         [Activation::Relu, Activation::Gelu, Activation::Silu].into_iter().find(|a| a.name() == name)
     }
@@ -171,26 +195,72 @@ impl Linear {
     }
 
     /// `x · W + b` for `x` of shape `[batch, in]`.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::Linear};
+    /// use opsmith_host::{DType, Device};
+    /// let layer = Linear::new(&Tape::new(), 3, 2, DType::F32, Device::Cpu, 1)?;
+    /// let x = opsmith_autograd::Var::constant(opsmith_host::Tensor::from_vec(vec![0.5f32; 6], [2, 3], Device::Cpu)?);
+    /// assert_eq!(layer.forward(&x)?.value().dims(), [2, 2]);
+    /// # Ok(()) }
+    /// ```
     pub fn forward(&self, x: &Var) -> Result<Var> {
         ops::add_row(&ops::matmul(x, &self.weight)?, &self.bias)
     }
 
     /// The weight, `[in, out]`.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::Linear};
+    /// use opsmith_host::{DType, Device};
+    /// let layer = Linear::new(&Tape::new(), 3, 2, DType::F32, Device::Cpu, 1)?;
+    /// assert_eq!(layer.weight().value().dims(), [3, 2]);
+    /// # Ok(()) }
+    /// ```
     pub fn weight(&self) -> &Var {
         &self.weight
     }
 
     /// The bias, `[out]`.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::Linear};
+    /// use opsmith_host::{DType, Device};
+    /// let layer = Linear::new(&Tape::new(), 3, 2, DType::F32, Device::Cpu, 1)?;
+    /// assert_eq!(layer.bias().value().dims(), [2]);
+    /// # Ok(()) }
+    /// ```
     pub fn bias(&self) -> &Var {
         &self.bias
     }
 
     /// Input features.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::Linear};
+    /// use opsmith_host::{DType, Device};
+    /// let layer = Linear::new(&Tape::new(), 3, 2, DType::F32, Device::Cpu, 1)?;
+    /// assert_eq!(layer.in_features(), 3);
+    /// # Ok(()) }
+    /// ```
     pub fn in_features(&self) -> usize {
         self.weight.value().dims()[0]
     }
 
     /// Output features.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::Linear};
+    /// use opsmith_host::{DType, Device};
+    /// let layer = Linear::new(&Tape::new(), 3, 2, DType::F32, Device::Cpu, 1)?;
+    /// assert_eq!(layer.out_features(), 2);
+    /// # Ok(()) }
+    /// ```
     pub fn out_features(&self) -> usize {
         self.weight.value().dims()[1]
     }
@@ -243,6 +313,16 @@ impl Mlp {
     }
 
     /// An MLP from layers whose widths chain (`layers[i].out_features() == layers[i + 1].in_features()`).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 0)?;
+    /// let again = Mlp::from_layers(mlp.layers().to_vec(), Activation::Relu)?;
+    /// assert_eq!(again.sizes(), [2, 8, 3]);
+    /// # Ok(()) }
+    /// ```
     pub fn from_layers(layers: Vec<Linear>, activation: Activation) -> Result<Mlp> {
         if layers.is_empty() {
             return Err(Error::InvalidConfig { what: "Mlp", reason: "needs at least one layer".into() });
@@ -264,6 +344,16 @@ impl Mlp {
     }
 
     /// The logits for `x` of shape `[batch, in]`.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 0)?;
+    /// let x = opsmith_autograd::Var::constant(opsmith_host::Tensor::from_vec(vec![0.5f32, -1.0], [1, 2], Device::Cpu)?);
+    /// assert_eq!(mlp.forward(&x)?.value().dims(), [1, 3]);
+    /// # Ok(()) }
+    /// ```
     pub fn forward(&self, x: &Var) -> Result<Var> {
         let mut h = self.layers[0].forward(x)?;
         for layer in &self.layers[1..] {
@@ -273,26 +363,71 @@ impl Mlp {
     }
 
     /// Every parameter, layer by layer (weight, then bias): what an optimizer updates.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 0)?;
+    /// assert_eq!(mlp.parameters().len(), 4);
+    /// # Ok(()) }
+    /// ```
     pub fn parameters(&self) -> Vec<Var> {
         self.layers.iter().flat_map(|l| [l.weight.clone(), l.bias.clone()]).collect()
     }
 
     /// The layers.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 0)?;
+    /// assert_eq!(mlp.layers().len(), 2);
+    /// # Ok(()) }
+    /// ```
     pub fn layers(&self) -> &[Linear] {
         &self.layers
     }
 
     /// The activation between layers.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 0)?;
+    /// assert_eq!(mlp.activation(), Activation::Relu);
+    /// # Ok(()) }
+    /// ```
     pub fn activation(&self) -> Activation {
         self.activation
     }
 
     /// The layer widths, `[in, hidden…, out]`.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 0)?;
+    /// assert_eq!(mlp.sizes(), [2, 8, 3]);
+    /// # Ok(()) }
+    /// ```
     pub fn sizes(&self) -> Vec<usize> {
         std::iter::once(self.layers[0].in_features()).chain(self.layers.iter().map(Linear::out_features)).collect()
     }
 
     /// The device of the parameters.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 0)?;
+    /// assert_eq!(mlp.device(), Device::Cpu);
+    /// # Ok(()) }
+    /// ```
     pub fn device(&self) -> Device {
         self.layers[0].weight.value().device()
     }
@@ -336,6 +471,18 @@ impl Mlp {
     }
 
     /// Writes [`Mlp::to_safetensors`] to `path`.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 0)?;
+    /// let path = std::env::temp_dir().join(format!("opsmith-doc-{}.safetensors", std::process::id()));
+    /// mlp.save_safetensors(&path)?;
+    /// assert_eq!(Mlp::load_safetensors(&path, Device::Cpu, None)?.sizes(), [2, 8, 3]);
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok(()) }
+    /// ```
     pub fn save_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = self.to_safetensors()?;
@@ -345,6 +492,15 @@ impl Mlp {
 
     /// Reads a file written by [`Mlp::save_safetensors`], onto `device`; parameters are tracked on
     /// `tape`, or constants (for inference) when it is `None`.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Error, nn::Mlp};
+    /// use opsmith_host::Device;
+    /// let missing = Mlp::load_safetensors("no/such/file.safetensors", Device::Cpu, None);
+    /// assert!(matches!(missing, Err(Error::ModelFile { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn load_safetensors(path: impl AsRef<Path>, device: Device, tape: Option<&Tape>) -> Result<Mlp> {
         let path = path.as_ref();
         let bytes = std::fs::read(path)
@@ -356,6 +512,16 @@ impl Mlp {
     }
 
     /// Parses the bytes of a file written by [`Mlp::to_safetensors`].
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 0)?;
+    /// assert!(Mlp::from_safetensors(b"not a model", Device::Cpu, None).is_err());
+    /// assert_eq!(Mlp::from_safetensors(&mlp.to_safetensors()?, Device::Cpu, None)?.sizes(), [2, 8, 3]);
+    /// # Ok(()) }
+    /// ```
     pub fn from_safetensors(bytes: &[u8], device: Device, tape: Option<&Tape>) -> Result<Mlp> {
         let bad = |reason: String| Error::ModelFile { path: "<memory>".into(), reason };
         let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;

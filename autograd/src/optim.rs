@@ -84,6 +84,16 @@ pub struct Sgd {
 
 impl Sgd {
     /// SGD for `params` (their momentum buffers, if any, are allocated on their devices).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, optim::{Sgd, SgdConfig}};
+    /// use opsmith_host::{Device, Tensor};
+    /// let w = Tape::new().var(Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?);
+    /// assert!(Sgd::new(vec![w.clone()], SgdConfig { momentum: 0.9, ..SgdConfig::default() }).is_ok());
+    /// assert!(Sgd::new(vec![w], SgdConfig { lr: -1.0, ..SgdConfig::default() }).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn new(params: Vec<Var>, config: SgdConfig) -> Result<Sgd> {
         check_hyper("Sgd", "lr", config.lr, config.lr >= 0.0)?;
         check_hyper("Sgd", "momentum", config.momentum, (0.0..1.0).contains(&config.momentum))?;
@@ -149,6 +159,16 @@ pub struct Adam {
 
 impl Adam {
     /// Adam for `params`, with zeroed moments on the parameters' devices.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, optim::{Adam, AdamConfig}};
+    /// use opsmith_host::{Device, Tensor};
+    /// let w = Tape::new().var(Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?);
+    /// let adam = Adam::new(vec![w], AdamConfig { weight_decay: 0.01, ..AdamConfig::default() })?;
+    /// assert_eq!(adam.steps(), 0);
+    /// # Ok(()) }
+    /// ```
     pub fn new(params: Vec<Var>, config: AdamConfig) -> Result<Adam> {
         check_hyper("Adam", "lr", config.lr, config.lr >= 0.0)?;
         check_hyper("Adam", "beta1", config.beta1, (0.0..1.0).contains(&config.beta1))?;
@@ -169,6 +189,18 @@ impl Adam {
     }
 
     /// Steps taken so far.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, ops, optim::{Adam, AdamConfig, Optimizer}};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let w = tape.var(Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?);
+    /// let mut adam = Adam::new(vec![w.clone()], AdamConfig::default())?;
+    /// adam.step(&tape.backward(&ops::sum(&w)?)?)?;
+    /// assert_eq!(adam.steps(), 1);
+    /// # Ok(()) }
+    /// ```
     pub fn steps(&self) -> u64 {
         self.step
     }
