@@ -79,28 +79,79 @@ pub struct Model {
 
 impl Model {
     /// Loads a file written by `train_mlp` (`Mlp::save_safetensors`) onto `device`.
+    ///
+    /// ```
+    /// use opsmith_example_serve::Model;
+    /// assert!(Model::load("no/such/mlp.safetensors", opsmith::Device::Cpu).is_err());
+    /// ```
     pub fn load(path: impl AsRef<Path>, device: Device) -> Result<Model, StartError> {
         let mlp = Mlp::load_safetensors(path, device, None).map_err(|e| StartError(e.to_string()))?;
         Ok(Model { mlp })
     }
 
     /// Serves an MLP already in memory.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use opsmith::autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith::{DType, Device};
+    /// use opsmith_example_serve::Model;
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 1)?;
+    /// let model = Model::from_mlp(mlp);
+    /// assert_eq!((model.features(), model.classes()), (2, 3));
+    /// # Ok(()) }
+    /// ```
     pub fn from_mlp(mlp: Mlp) -> Model {
         Model { mlp }
     }
 
     /// Input features per row.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use opsmith::autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith::{DType, Device};
+    /// use opsmith_example_serve::Model;
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 1)?;
+    /// let model = Model::from_mlp(mlp);
+    /// assert_eq!(model.features(), 2);
+    /// # Ok(()) }
+    /// ```
     pub fn features(&self) -> usize {
         self.mlp.sizes()[0]
     }
 
     /// Output classes per row.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use opsmith::autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith::{DType, Device};
+    /// use opsmith_example_serve::Model;
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 1)?;
+    /// let model = Model::from_mlp(mlp);
+    /// assert_eq!(model.classes(), 3);
+    /// # Ok(()) }
+    /// ```
     pub fn classes(&self) -> usize {
         self.mlp.sizes().last().copied().unwrap_or(0)
     }
 
     /// Class probabilities for `rows` rows of features, row-major: softmax of the logits, on
     /// the model's device and the calling thread's current stream.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use opsmith::autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith::{DType, Device};
+    /// use opsmith_example_serve::Model;
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 1)?;
+    /// let model = Model::from_mlp(mlp);
+    /// let p = model.predict(&[0.5, -1.0, 2.0, 0.25], 2)?; // two rows
+    /// assert_eq!(p.len(), 6);
+    /// assert!((p[0] + p[1] + p[2] - 1.0).abs() < 1e-6);
+    /// # Ok(()) }
+    /// ```
     pub fn predict(&self, inputs: &[f32], rows: usize) -> opsmith::autograd::Result<Vec<f32>> {
         let _inference = no_grad();
         let dtype = self.mlp.layers()[0].weight().value().dtype();
@@ -161,6 +212,19 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 
 /// Starts `config.workers` worker threads for `model` and returns the router that feeds them.
 /// The workers stop when the router (and every clone of it) is dropped.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use opsmith::autograd::{Tape, nn::{Activation, Mlp}};
+/// use opsmith::{DType, Device};
+/// use opsmith_example_serve::Model;
+/// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 1)?;
+/// let model = Model::from_mlp(mlp);
+/// use opsmith_example_serve::{Config, router};
+/// let app = router(std::sync::Arc::new(model), Config::default())?; // an axum Router
+/// # drop(app);
+/// # Ok(()) }
+/// ```
 pub fn router(model: Arc<Model>, config: Config) -> Result<Router, StartError> {
     if config.workers == 0 || config.max_request_rows == 0 || config.max_merged_rows < config.max_request_rows {
         return Err(StartError(format!(
