@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's side of the comparison: the same ops on the same GPU, timed the same way as
-opsmith's `bandwidth` example (CUDA events, warm-up, median of 30), with the bytes each
+opsmith's `bandwidth` example (CUDA events, warm-up, every run queued behind a GPU spin,
+median of 30), with the bytes each
 version must move printed beside its time.
 
     python3 benches/torch_compare.py [--quick]
@@ -17,6 +18,7 @@ Compared:
 """
 import statistics
 import sys
+import time
 
 import torch
 
@@ -28,18 +30,27 @@ SOFTMAX_SCALE = 0.125
 
 
 def median_ms(fn):
+    """Median of REPS event-timed runs after WARMUP, queued the way opsmith's `cuda::time_runs`
+    queues them: a GPU spin (torch.cuda._sleep) long enough for the host to queue every timed
+    run first, then one synchronize, so each pair of events measures GPU time, not host pace."""
     for _ in range(WARMUP):
         fn()
     torch.cuda.synchronize()
-    times = []
+    queued = time.perf_counter()
+    fn()
+    host_s = time.perf_counter() - queued
+    torch.cuda.synchronize()
+    # ~2e9 cycles a second on an H100/H200 SM; a slower clock only lengthens the lead.
+    torch.cuda._sleep(int(min(2 * REPS * host_s, 0.2) * 2e9))
+    events = []
     for _ in range(REPS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median_high(start.elapsed_time(end) for start, end in events)
 
 
 def random(n, dtype, seed):
@@ -102,8 +113,6 @@ def main():
         print(f"| {what} | {dtype} | 2^{log2n} | {ms:.4f} | {nbytes:.3e} | {gbs:.0f} | {100 * gbs / copy_gbs:.1f}% |")
 
     # Host overhead at n = 1024.
-    import time
-
     n, iters = 1024, 2000
     a, b, c, g = (random(n, torch.float32, s) for s in (20, 21, 22, 23))
     x, y, w = (t.clone().requires_grad_(True) for t in (a, b, c))

@@ -12,7 +12,7 @@
 //! cargo run --release --example bandwidth -- --log2 28         # one size (for a profiler)
 //! cargo run --release --example bandwidth -- --softmax         # the softmax section only
 //! cargo run --release --example bandwidth -- --out DIR         # bandwidth.csv, bandwidth.svg in DIR
-//! cargo run --release --example bandwidth -- --ptx other.ptx   # also time fused_mul_add_f32 from other PTX
+//! cargo run --release --example bandwidth -- --ptx other.ptx   # also time other PTX builds of the kernels
 //! ```
 use opsmith::autograd::{self, Tape};
 use opsmith::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, KernelModule, LaunchConfig};
@@ -29,21 +29,10 @@ fn into_host(e: autograd::Error) -> opsmith::Error {
 const WARMUP: usize = 5;
 const REPS: usize = 30;
 
-/// Median milliseconds of `REPS` event-timed runs of `f` after `WARMUP` untimed ones.
-fn time_ms(dev: &CudaDevice, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let stream = dev.current_stream();
-    for _ in 0..WARMUP {
-        f()?;
-    }
-    let mut times = Vec::with_capacity(REPS);
-    for _ in 0..REPS {
-        let start = stream.record_event()?;
-        f()?;
-        let end = stream.record_event()?;
-        times.push(start.elapsed_ms(&end)? as f64);
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[REPS / 2])
+/// Median milliseconds of `REPS` event-timed runs of `f` after `WARMUP` untimed ones, every run
+/// queued before the GPU reaches it ([`opsmith::cuda::time_runs`]).
+fn time_ms(dev: &CudaDevice, f: impl FnMut() -> Result<()>) -> Result<f64> {
+    Ok(opsmith::cuda::time_runs(&dev.current_stream(), WARMUP, REPS, f)?.median_ms())
 }
 
 /// Values in ±[0.5, 2) from a fixed-seed generator, so timings never run on zeros.
@@ -82,7 +71,9 @@ struct Row {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let extra_ptx = args.iter().position(|a| a == "--ptx").and_then(|i| args.get(i + 1)).cloned();
+    // `--ptx FILE`, as often as wanted.
+    let extra_ptx: Vec<String> =
+        args.iter().zip(args.iter().skip(1)).filter(|(flag, _)| *flag == "--ptx").map(|(_, f)| f.clone()).collect();
     let device = Device::cuda_if_available();
     let Device::Cuda(ordinal) = device else {
         println!(
@@ -165,29 +156,10 @@ fn main() -> Result<()> {
                     Ok(())
                 })?,
             );
-            if dtype == DType::F32
-                && let Some(path) = &extra_ptx
-            {
-                let text = std::fs::read_to_string(path).map_err(|e| opsmith::Error::InvalidArgument {
-                    op: "bandwidth --ptx",
-                    reason: format!("{path}: {e}"),
-                })?;
-                let module = KernelModule::from_ptx(&device, path, &text)?;
-                let kernel = module.kernel(opsmith::kernels::names::F32.fused_mul_add)?;
-                let cfg = LaunchConfig::grid_stride(&kernel, (n as u64).div_ceil(4), DEFAULT_BLOCK)?;
-                let stream = dev.current_stream();
-                let ms = time_ms(&dev, || {
-                    let args = [
-                        KernelArg::Input(&t[0]),
-                        KernelArg::Input(&t[1]),
-                        KernelArg::Input(&t[2]),
-                        KernelArg::Output(&o1),
-                        KernelArg::U64(n as u64),
-                    ];
-                    // SAFETY: fused_mul_add_f32(a, b, c, d, n) of opsmith-kernels, n elements each.
-                    unsafe { kernel.launch(&stream, cfg, &args) }
-                })?;
-                row(&format!("fused_mul_add [{path}]"), 4.0, ms);
+            for path in &extra_ptx {
+                if dtype != DType::BF16 {
+                    other_ptx_rows(&dev, device, path, dtype, &t, [&o1, &o2], &mut row)?;
+                }
             }
         }
     }
@@ -241,6 +213,58 @@ fn main() -> Result<()> {
         small_tensor_overhead(&dev, device)?;
     }
     println!("\ncopy ceiling: {copy_gbs:.0} GB/s ({WARMUP} warm-up runs, median of {REPS})");
+    Ok(())
+}
+
+/// Times `fused_mul_add` and `add_mul_backward` of `dtype` from another build of the kernels
+/// (`--ptx FILE`), at four grid shapes: one wave of resident blocks that grid-stride
+/// (`LaunchConfig::grid_stride`), and grids that cover every 16-byte pack with 1 (what opsmith
+/// launches, `LaunchConfig::covering`), 2 or 4 packs a thread.
+fn other_ptx_rows(
+    dev: &CudaDevice,
+    device: Device,
+    path: &str,
+    dtype: DType,
+    t: &[Tensor],
+    [o1, o2]: [&Tensor; 2],
+    row: &mut impl FnMut(&str, f64, f64),
+) -> Result<()> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| opsmith::Error::InvalidArgument { op: "bandwidth --ptx", reason: format!("{path}: {e}") })?;
+    let module = KernelModule::from_ptx(&device, path, &text)?;
+    let names = if dtype == DType::F32 { opsmith::kernels::names::F32 } else { opsmith::kernels::names::F16 };
+    let n = t[0].elem_count() as u64;
+    let packs = n.div_ceil((16 / dtype.size_in_bytes()) as u64);
+    let stream = dev.current_stream();
+    let file = std::path::Path::new(path).file_name().map_or(path.into(), |f| f.to_string_lossy());
+    for (name, values) in [(names.fused_mul_add, 4.0), (names.add_mul_backward, 6.0)] {
+        let kernel = module.kernel(name)?;
+        let wave = LaunchConfig::grid_stride(&kernel, packs, DEFAULT_BLOCK)?;
+        let cover = |per_thread: u64| LaunchConfig {
+            grid: u32::try_from(packs.div_ceil(DEFAULT_BLOCK as u64 * per_thread)).unwrap_or(u32::MAX),
+            ..wave
+        };
+        for (shape, cfg) in [("wave", wave), ("cover/1", cover(1)), ("cover/2", cover(2)), ("cover/4", cover(4))] {
+            let ms = time_ms(dev, || {
+                let args: Vec<KernelArg> = if values == 4.0 {
+                    vec![
+                        KernelArg::Input(&t[0]),
+                        KernelArg::Input(&t[1]),
+                        KernelArg::Input(&t[2]),
+                        KernelArg::Output(o1),
+                    ]
+                } else {
+                    let inputs = t[..4].iter().map(KernelArg::Input);
+                    inputs.chain([KernelArg::Output(o1), KernelArg::Output(o2)]).collect()
+                };
+                let args: Vec<KernelArg> = args.into_iter().chain([KernelArg::U64(n)]).collect();
+                // SAFETY: fused_mul_add(a, b, c, d, n) and add_mul_backward(g, x, y, w, gxy, gw, n)
+                // of opsmith-kernels, every tensor n elements of `dtype`; any grid is correct.
+                unsafe { kernel.launch(&stream, cfg, &args) }
+            })?;
+            row(&format!("{name} [{file}, {shape}, {} blocks]", cfg.grid), values, ms);
+        }
+    }
     Ok(())
 }
 

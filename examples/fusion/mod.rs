@@ -69,33 +69,26 @@ pub fn describe(device: Device) -> opsmith::Result<String> {
 /// The median milliseconds of `reps` runs of `f`, after 3 untimed ones (first-use costs: module
 /// load, pool growth, page faults).
 ///
-/// On CUDA the time is between two events on the current stream: GPU time, with no host clock
-/// reading a queue that has not drained. On the CPU the ops are synchronous, so a wall clock is
-/// right there.
+/// On CUDA, [`opsmith::cuda::time_runs`]: GPU time between two events on the current stream,
+/// with every run queued before the GPU reaches it. On the CPU the ops are synchronous, so a
+/// wall clock is right there.
 pub fn median_ms<E: From<opsmith::Error>>(
     device: Device,
     reps: usize,
     mut f: impl FnMut() -> Result<(), E>,
 ) -> Result<f64, E> {
+    if let Device::Cuda(ordinal) = device {
+        let stream = CudaDevice::get(ordinal)?.current_stream();
+        return Ok(opsmith::cuda::time_runs(&stream, 3, reps, f)?.median_ms());
+    }
     for _ in 0..3 {
         f()?;
     }
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
-        match device {
-            Device::Cuda(ordinal) => {
-                let stream = CudaDevice::get(ordinal)?.current_stream();
-                let start = stream.record_event()?;
-                f()?;
-                let end = stream.record_event()?;
-                times.push(start.elapsed_ms(&end)? as f64);
-            }
-            Device::Cpu => {
-                let start = std::time::Instant::now();
-                f()?;
-                times.push(start.elapsed().as_secs_f64() * 1e3);
-            }
-        }
+        let start = std::time::Instant::now();
+        f()?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
     }
     times.sort_by(f64::total_cmp);
     Ok(times.get(reps / 2).copied().unwrap_or(f64::NAN))

@@ -42,6 +42,7 @@ pub mod optim;
 pub mod real;
 mod reduction;
 mod softmax;
+mod timing;
 
 pub use names::{
     ActivationKernels, ElementwiseKernels, LossKernels, OptimizerKernels, ReductionKernels, SoftmaxKernels,

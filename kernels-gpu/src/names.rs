@@ -221,6 +221,8 @@ pub mod loss {
     pub use crate::loss::{BF16, F16, F32};
 }
 
+pub use crate::timing::SPIN;
+
 /// Every elementwise kernel table this crate defines.
 pub const ALL_ELEMENTWISE: [ElementwiseKernels; 3] = [F32, F16, BF16];
 
@@ -245,7 +247,8 @@ pub const ALL_LOSS: [LossKernels; 3] = [loss::F32, loss::F16, loss::BF16];
 /// let names: Vec<&str> = opsmith_kernels::names::all_kernel_names().collect();
 /// // Three dtypes of elementwise, reduction, activation, softmax and loss kernels; f32 optimizers.
 /// // Softmax: 5 register-resident sizes for f32 and 3 for f16 and bf16, each way, plus the long kernels.
-/// assert_eq!(names.len(), 3 * (7 + 5 + 6 + 2 + 4) + 2 * (5 + 3 + 3) + 3);
+/// // And the benchmarks' `spin_ns`.
+/// assert_eq!(names.len(), 3 * (7 + 5 + 6 + 2 + 4) + 2 * (5 + 3 + 3) + 3 + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {
@@ -257,4 +260,5 @@ pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {
         .chain(ALL_OPTIMIZER.into_iter().flat_map(|t| t.all()))
         .chain(ALL_SOFTMAX.into_iter().flat_map(|t| t.all()))
         .chain(ALL_LOSS.into_iter().flat_map(|t| t.all()))
+        .chain([SPIN])
 }

@@ -6,6 +6,7 @@
 //! * [`KernelModule`] and [`Kernel`]: PTX modules (opsmith's embedded one, or third-party PTX).
 //! * [`LaunchConfig`]: checked launch geometry.
 //! * [`can_access_peer`]: whether two GPUs of this host reach each other's memory directly.
+//! * [`time_runs`]: event-timed medians of GPU work, for benchmarks.
 //! * [`require_cublas`]: whether cuBLAS (which `ops::matmul` uses) loads, with the fix if not.
 //!
 //! On a machine without a GPU, everything here returns an error rather than panicking, so code
@@ -30,6 +31,8 @@ mod launch;
 mod module;
 pub(crate) mod peer;
 mod stream;
+pub(crate) mod stream_order;
+mod timing;
 
 pub use blas::{cublas_available, cublas_handles, require_cublas};
 pub use device::CudaDevice;
@@ -37,6 +40,7 @@ pub use launch::{DEFAULT_BLOCK, KernelArg, LaunchConfig, launch_blocking, len_as
 pub use module::{EMBEDDED_PTX, EMBEDDED_PTX_ARCH, Kernel, KernelModule};
 pub use peer::can_access_peer;
 pub use stream::{Event, Stream, StreamGuard};
+pub use timing::{Timings, time_runs};
 
 use crate::{Error, Result};
 use std::sync::OnceLock;
