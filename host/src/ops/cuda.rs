@@ -92,9 +92,9 @@ pub(super) fn elementwise(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tenso
     }
     let device = CudaDevice::get(ordinal)?;
     let kernel = device.kernels()?.kernel(name)?;
-    // The kernels take one 16-byte pack per thread-iteration.
+    // One 16-byte pack per thread.
     let lanes = (16 / first.dtype().size_in_bytes()) as u64;
-    let cfg = LaunchConfig::grid_stride(&kernel, n.div_ceil(lanes), DEFAULT_BLOCK)?;
+    let cfg = LaunchConfig::covering(name, n.div_ceil(lanes), DEFAULT_BLOCK)?;
     let stream = device.current_stream();
     with_cuda_ptrs(&stream, inputs, outputs, |reads, writes| {
         let mut pointers: Vec<u64> = reads.iter().chain(writes).copied().collect();
