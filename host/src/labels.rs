@@ -1,4 +1,5 @@
 //! Class labels for classification losses: `u32` values on one device.
+use crate::cuda::stream_order::StreamUses;
 use crate::cuda::{CudaDevice, Stream};
 use crate::{Device, Error, Result};
 use cudarc::driver::{CudaSlice, DevicePtr};
@@ -29,7 +30,20 @@ pub struct Labels {
 #[derive(Clone)]
 enum LabelData {
     Cpu(Arc<Vec<u32>>),
-    Cuda { device: CudaDevice, values: Arc<CudaSlice<u32>> },
+    Cuda { device: CudaDevice, values: Arc<DeviceLabels> },
+}
+
+/// Labels in device memory, with the streams that used them.
+struct DeviceLabels {
+    values: CudaSlice<u32>,
+    uses: StreamUses,
+}
+
+impl Drop for DeviceLabels {
+    fn drop(&mut self) {
+        // Freed on the stream that uploaded them, after every other stream that read them.
+        self.uses.before_free();
+    }
 }
 
 impl std::fmt::Debug for Labels {
@@ -55,7 +69,7 @@ impl Labels {
                 let values =
                     if values.is_empty() { stream.raw().null::<u32>() } else { stream.raw().clone_htod(values) }
                         .map_err(|e| Error::from_alloc(device.device(), std::mem::size_of_val(values), e))?;
-                LabelData::Cuda { device, values: Arc::new(values) }
+                LabelData::Cuda { device, values: Arc::new(DeviceLabels { values, uses: StreamUses::new(&stream) }) }
             }
         };
         Ok(Labels { data, len: values.len(), max })
@@ -94,10 +108,11 @@ impl Labels {
                 }
                 let stream = device.current_stream();
                 device.bind()?;
+                values.uses.read_on(&stream)?;
                 let mut out = vec![0u32; self.len];
                 stream
                     .raw()
-                    .memcpy_dtoh(values.as_ref(), &mut out)
+                    .memcpy_dtoh(&values.values, &mut out)
                     .map_err(|e| device.driver_error("copying labels to the host", e))?;
                 stream.synchronize()?;
                 Ok(out)
@@ -119,10 +134,9 @@ impl Labels {
         let LabelData::Cuda { values, .. } = &self.data else {
             return Err(Error::DeviceMismatch { op: "Labels", lhs: stream.device().device(), rhs: Device::Cpu });
         };
-        let (ptr, record) = values.device_ptr(stream.raw());
-        let result = f(ptr);
-        // Records the read on `stream` so the memory outlives the work that reads it.
-        drop(record);
-        result
+        values.uses.read_on(stream)?;
+        // Event tracking is off for opsmith's contexts: this only reads the address.
+        let (ptr, _no_event) = values.values.device_ptr(stream.raw());
+        f(ptr)
     }
 }

@@ -117,6 +117,24 @@ fn streams_and_events() -> Result<()> {
     Ok(())
 }
 
+/// `Tensor::full` on CUDA (a device memset of the value's bits) holds exactly what the CPU
+/// backend's holds, for values that round, signed zeros, subnormals, infinities and NaN.
+#[test]
+fn full_matches_the_cpu_bit_for_bit() -> Result<()> {
+    let values = [1.0, -0.1, 0.0, -0.0, 1e-40, 6e-8, 65504.0, 1e39, f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        for &value in &values {
+            for n in [1, 3, 1 << 16] {
+                let gpu = Tensor::full(value, [n], dtype, GPU)?.to_vec_f64()?;
+                let cpu = Tensor::full(value, [n], dtype, Device::Cpu)?.to_vec_f64()?;
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&gpu), bits(&cpu), "{dtype} {value} n = {n}");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Third-party PTX: load hand-written PTX at run time and launch it through the checked path.
 #[test]
 fn third_party_ptx_module() -> Result<()> {

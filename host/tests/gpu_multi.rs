@@ -102,6 +102,41 @@ fn two_streams_of_one_device_give_exact_results() -> Result<()> {
     Ok(())
 }
 
+/// Memory freed while another stream still reads it is not handed out again before that read
+/// ends: the stream that allocated it, which frees it, first waits for the reader.
+#[test]
+fn memory_freed_during_a_read_on_another_stream_is_not_reused_early() -> Result<()> {
+    let dev = CudaDevice::get(0)?;
+    let (home, reader) = (dev.new_stream()?, dev.new_stream()?);
+    let n = 1 << 22;
+    let (a, b) = {
+        let _on = home.make_current();
+        (Tensor::full(1.5, [n], DType::F32, GPU)?, Tensor::full(2.0, [n], DType::F32, GPU)?)
+    };
+    home.synchronize()?;
+    // On `reader`: 21 launches that read `a` and `b`, as in `long_chain`.
+    let x = {
+        let _on = reader.make_current();
+        let mut x = ops::mul(&a, &b)?;
+        for _ in 0..20 {
+            x = ops::fused_mul_add(&x, &b, &a)?;
+        }
+        x
+    };
+    // Freed on `home` while `reader` may still run; `home` at once allocates (most likely the
+    // same memory, from its pool) and overwrites it.
+    drop((a, b));
+    let reused = {
+        let _on = home.make_current();
+        (0..4).map(|_| Tensor::full(-7.0, [n], DType::F32, GPU)).collect::<Result<Vec<_>>>()?
+    };
+    assert!(x.to_vec::<f32>()?.iter().all(|&v| v as f64 == CHAIN_RESULT), "the reader saw reused memory");
+    for t in &reused {
+        assert!(t.to_vec::<f32>()?.iter().all(|&v| v == -7.0));
+    }
+    Ok(())
+}
+
 /// Mixing a GPU tensor with a CPU one is an error before anything is touched.
 #[test]
 fn cuda_and_cpu_operands_are_a_device_mismatch() -> Result<()> {

@@ -104,6 +104,11 @@ impl CudaDevice {
         let device = Device::Cuda(ordinal);
         let driver = |call| move |source| Error::Driver { call, device, source };
         let ctx = CudaContext::new(ordinal).map_err(driver("creating the context"))?;
+        // SAFETY: opsmith orders streams around every allocation itself (`stream_order`): a use
+        // on another stream waits for the last write (and a write for the reads since), the
+        // allocating stream waits for every other user before it frees the memory, and writes
+        // hold the allocation's write lock. This runs before the context's first allocation.
+        unsafe { ctx.disable_event_tracking() };
         // A non-blocking stream of our own rather than the legacy NULL stream, which would
         // serialise with every other stream in the process.
         let default_stream = ctx.new_stream().map_err(driver("creating the default stream"))?;

@@ -1,7 +1,7 @@
 //! Streams and events.
 use super::CudaDevice;
 use crate::Result;
-use cudarc::driver::{CudaEvent, CudaStream, sys::CUevent_flags};
+use cudarc::driver::{CudaEvent, CudaStream, DriverError, sys::CUevent_flags};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -97,6 +97,22 @@ impl Stream {
 
     pub(crate) fn raw(&self) -> &Arc<CudaStream> {
         &self.inner
+    }
+
+    /// Whether `self` and `other` are one CUDA stream.
+    pub(crate) fn same_as(&self, other: &Stream) -> bool {
+        self.inner.cu_stream() == other.inner.cu_stream() && self.device == other.device
+    }
+
+    /// Makes the work queued on this stream from now on wait for everything queued on `other`
+    /// so far (an event recorded on `other` now, without timing).
+    pub(crate) fn wait_for_now(&self, other: &Stream) -> Result<()> {
+        self.wait_raw(other).map_err(|source| self.device.driver_error("cuStreamWaitEvent", source))
+    }
+
+    pub(crate) fn wait_raw(&self, other: &Stream) -> std::result::Result<(), DriverError> {
+        let marker = other.inner.record_event(None)?;
+        self.inner.wait(&marker)
     }
 
     /// Makes this the stream that ops on its device use on this thread, until the guard drops.

@@ -75,9 +75,19 @@ fn reduce_all(op: &'static str, x: &Tensor, scale: f64) -> Result<Tensor> {
             let total: f64 = x.to_vec_f64()?.iter().sum();
             Tensor::from_f64(&[total * scale], Shape::from(Vec::new()), x.dtype(), Device::Cpu)
         }
+        // A small f32 tensor is already what the second pass adds up: one launch, not two.
+        Device::Cuda(_) if x.dtype() == DType::F32 && x.elem_count() <= ONE_WARP_SUM_MAX => {
+            let out = Tensor::empty(Shape::from(Vec::new()), x.dtype(), x.device())?;
+            finish_sum(op, x, x.elem_count(), scale, &out)?;
+            Ok(out)
+        }
         Device::Cuda(_) => reduce_partials(op, table(op, x)?.sum_partials, &[x], scale),
     }
 }
+
+/// Up to this many f32 elements a whole-tensor sum on CUDA is one warp's work (128 values a
+/// lane): one launch instead of two, which is most of its cost at that size.
+const ONE_WARP_SUM_MAX: usize = 4096;
 
 /// The sum of all elements, as a tensor of shape `[]` (one element) of the same dtype.
 ///

@@ -16,7 +16,6 @@ pub use shape::Shape;
 use crate::cuda::CudaDevice;
 use crate::dtype::with_element_type;
 use crate::{DType, Device, Element, Error, Result};
-use cudarc::driver::DevicePtr;
 use ndarray::{ArrayBase, ArrayD, Data, Dimension, IxDyn};
 use std::sync::Arc;
 use storage::{CpuBuffer, Storage, StorageData};
@@ -54,6 +53,23 @@ impl std::fmt::Debug for Tensor {
             write!(f, ", offset {}", self.offset)?;
         }
         f.write_str(")")
+    }
+}
+
+/// The bit pattern one element of `value` has in `dtype`, for a device memset (f64 has no
+/// 64-bit memset: its tensors are filled from the host).
+enum FillPattern {
+    Bits32(u32),
+    Bits16(u16),
+}
+
+fn fill_pattern(value: f64, dtype: DType) -> Option<FillPattern> {
+    match dtype {
+        // The same rounding as the host path's `Element::from_f64`.
+        DType::F32 => Some(FillPattern::Bits32(<f32 as Element>::from_f64(value).to_bits())),
+        DType::F16 => Some(FillPattern::Bits16(<half::f16 as Element>::from_f64(value).to_bits())),
+        DType::BF16 => Some(FillPattern::Bits16(<half::bf16 as Element>::from_f64(value).to_bits())),
+        DType::F64 => None,
     }
 }
 
@@ -178,16 +194,27 @@ impl Tensor {
     pub fn full(value: f64, shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
         let shape = shape.into();
         let n = element_count("Tensor::full", &shape)?;
-        if let (Device::Cuda(ordinal), 0) = (device, value.to_bits()) {
-            // +0.0 is all-zero bits in every dtype: a memset on the device, no host buffer.
+        if let (Device::Cuda(ordinal), Some(pattern)) = (device, fill_pattern(value, dtype)) {
+            // A memset of the value's bit pattern on the device: no host buffer, no copy.
             let stream = CudaDevice::get(ordinal)?.current_stream();
             let t = Tensor::uninit_on(&stream, shape, dtype)?;
-            if let StorageData::Cuda { device, bytes } = &t.storage.data
+            if let StorageData::Cuda { device, bytes, uses } = &t.storage.data
                 && n > 0
             {
-                let mut bytes = bytes.write();
+                let bytes = bytes.write();
                 device.bind()?;
-                stream.raw().memset_zeros(&mut *bytes).map_err(|e| device.driver_error("cuMemsetD8Async", e))?;
+                uses.write_on(&stream)?;
+                let (base, cu_stream) = (storage::raw_address(&bytes), stream.raw().cu_stream());
+                // SAFETY: the allocation holds exactly `n` elements of `dtype` (4 or 2 bytes, the
+                // width of the memset) and is aligned to the allocator's granularity; the write
+                // lock is held and the stream is ordered after the allocation's other users.
+                let status = unsafe {
+                    match pattern {
+                        FillPattern::Bits32(bits) => cudarc::driver::sys::cuMemsetD32Async(base, bits, n, cu_stream),
+                        FillPattern::Bits16(bits) => cudarc::driver::sys::cuMemsetD16Async(base, bits, n, cu_stream),
+                    }
+                };
+                status.result().map_err(|e| device.driver_error("cuMemsetAsync", e))?;
             }
             return Ok(t);
         }
@@ -408,7 +435,7 @@ impl Tensor {
                 })?;
                 Ok(slice[range].to_vec())
             }
-            StorageData::Cuda { device, bytes } => {
+            StorageData::Cuda { device, bytes, uses } => {
                 let mut out = vec![T::from_f64(0.0); range.len()];
                 if out.is_empty() {
                     return Ok(out);
@@ -418,6 +445,7 @@ impl Tensor {
                 let bytes = bytes.read_recursive();
                 let view = bytes.slice(range.start * size..range.end * size);
                 device.bind()?;
+                uses.read_on(&stream)?;
                 stream
                     .raw()
                     .memcpy_dtoh(&view, bytemuck::cast_slice_mut::<T, u8>(&mut out))
@@ -547,9 +575,10 @@ impl Tensor {
         crate::ops::check::same_layout("Tensor::copy_from_", &[self, src])?;
         match (&self.storage.data, &src.storage.data) {
             // Device to device, unless both are views of one buffer (one lock would be taken twice).
-            (StorageData::Cuda { device, bytes: dst }, StorageData::Cuda { bytes: src_bytes, .. })
-                if !self.shares_storage(src) =>
-            {
+            (
+                StorageData::Cuda { device, bytes: dst, uses: dst_uses },
+                StorageData::Cuda { bytes: src_bytes, uses: src_uses, .. },
+            ) if !self.shares_storage(src) => {
                 let size = self.dtype.size_in_bytes();
                 let n = self.elem_count();
                 if n == 0 {
@@ -561,6 +590,8 @@ impl Tensor {
                 let mut dst_guard = dst.write();
                 let mut dst_view = dst_guard.slice_mut(self.offset * size..(self.offset + n) * size);
                 device.bind()?;
+                src_uses.read_on(&stream)?;
+                dst_uses.write_on(&stream)?;
                 stream
                     .raw()
                     .memcpy_dtod(&src_view, &mut dst_view)
@@ -592,7 +623,7 @@ impl Tensor {
 
     /// Copies `data` (exactly this tensor's bytes) from the host into this tensor's range.
     fn write_host(&self, stream: &crate::cuda::Stream, data: &[u8]) -> Result<()> {
-        let StorageData::Cuda { device, bytes } = &self.storage.data else {
+        let StorageData::Cuda { device, bytes, uses } = &self.storage.data else {
             return Err(Error::DeviceMismatch { op: "Tensor::write", lhs: self.device, rhs: Device::Cpu });
         };
         if data.is_empty() {
@@ -602,6 +633,7 @@ impl Tensor {
         let mut bytes = bytes.write();
         let mut view = bytes.slice_mut(start..start + data.len());
         device.bind()?;
+        uses.write_on(stream)?;
         stream.raw().memcpy_htod(data, &mut view).map_err(|e| device.driver_error("copying host to device", e))?;
         self.storage.bump_version();
         Ok(())
@@ -623,10 +655,8 @@ impl Tensor {
     pub fn device_address(&self) -> Option<u64> {
         match &self.storage.data {
             StorageData::Cpu(_) => None,
-            StorageData::Cuda { device, bytes } => {
-                let bytes = bytes.read_recursive();
-                let stream = device.current_stream();
-                let (base, _sync) = bytes.device_ptr(stream.raw());
+            StorageData::Cuda { bytes, .. } => {
+                let base = storage::raw_address(&bytes.read_recursive());
                 Some(base + (self.offset * self.dtype.size_in_bytes()) as u64)
             }
         }

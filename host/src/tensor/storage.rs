@@ -1,7 +1,8 @@
 //! Memory behind tensors, shared between a tensor and its views.
+use crate::cuda::stream_order::StreamUses;
 use crate::cuda::{CudaDevice, Stream};
 use crate::{DType, Device, Error, Result, Tensor};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaSlice, DevicePtr};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +41,19 @@ pub(crate) enum StorageData {
     Cuda {
         device: CudaDevice,
         bytes: RwLock<CudaSlice<u8>>,
+        /// Which streams used it, so that work on another stream waits for them.
+        uses: StreamUses,
     },
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        // The memory is freed on the stream that allocated it; that stream first waits for
+        // the other streams that used it.
+        if let StorageData::Cuda { uses, .. } = &self.data {
+            uses.before_free();
+        }
+    }
 }
 
 impl Storage {
@@ -76,7 +89,8 @@ impl Storage {
             }
             other => other?,
         };
-        Ok(Arc::new(Self { data: StorageData::Cuda { device, bytes: RwLock::new(slice) }, version: AtomicU64::new(0) }))
+        let data = StorageData::Cuda { device, bytes: RwLock::new(slice), uses: StreamUses::new(stream) };
+        Ok(Arc::new(Self { data, version: AtomicU64::new(0) }))
     }
 
     pub(crate) fn version(&self) -> u64 {
@@ -98,7 +112,9 @@ enum CudaGuard<'a> {
 ///
 /// Each distinct storage is locked once (for writing if any tensor in `writes` uses it), in
 /// address order so that concurrent callers cannot deadlock. Work queued by `f` is ordered after
-/// earlier writes to the same memory on other streams, and later users wait for it.
+/// earlier writes to the same memory on other streams (and, for a write, after earlier reads
+/// there), and later users on other streams wait for it (`cuda::stream_order`); on one stream
+/// this costs no driver call.
 pub(crate) fn with_cuda_ptrs<R>(
     stream: &Stream,
     reads: &[&Tensor],
@@ -117,11 +133,10 @@ pub(crate) fn with_cuda_ptrs<R>(
 
     let mut guards = Vec::with_capacity(storages.len());
     for (_, storage, write) in &storages {
-        let bytes = match &storage.data {
-            StorageData::Cuda { device, bytes } if device == stream.device() => bytes,
-            // Events of one context cannot be recorded on another's stream, and a kernel may not
-            // be able to reach another device's memory: callers check devices first, and this
-            // keeps a miss from reaching the driver.
+        let (bytes, uses) = match &storage.data {
+            StorageData::Cuda { device, bytes, uses } if device == stream.device() => (bytes, uses),
+            // A kernel may not be able to reach another device's memory: callers check devices
+            // first, and this keeps a miss from reaching the driver.
             StorageData::Cuda { device, .. } => {
                 return Err(Error::DeviceMismatch {
                     op: "launch",
@@ -134,23 +149,14 @@ pub(crate) fn with_cuda_ptrs<R>(
             }
         };
         guards.push(if *write { CudaGuard::Write(bytes.write()) } else { CudaGuard::Read(bytes.read_recursive()) });
+        if *write { uses.write_on(stream)? } else { uses.read_on(stream)? }
     }
     for (_, storage, write) in &storages {
         if *write {
             storage.bump_version();
         }
     }
-    let raw_stream = stream.raw();
-    let mut bases = Vec::with_capacity(guards.len());
-    let mut syncs: Vec<SyncOnDrop<'_>> = Vec::with_capacity(guards.len());
-    for guard in guards.iter_mut() {
-        let (ptr, sync) = match guard {
-            CudaGuard::Read(g) => g.device_ptr(raw_stream),
-            CudaGuard::Write(g) => g.device_ptr_mut(raw_stream),
-        };
-        bases.push(ptr);
-        syncs.push(sync);
-    }
+    let bases: Vec<u64> = guards.iter().map(|guard| device_address(guard)).collect();
     let address = |t: &Tensor| {
         let index = storages.iter().position(|(p, _, _)| *p == Arc::as_ptr(&t.storage)).unwrap_or(0);
         bases[index] + (t.offset * t.dtype.size_in_bytes()) as u64
@@ -158,10 +164,24 @@ pub(crate) fn with_cuda_ptrs<R>(
     let read_ptrs: Vec<u64> = reads.iter().map(|t| address(t)).collect();
     let write_ptrs: Vec<u64> = writes.iter().map(|t| address(t)).collect();
     let result = f(&read_ptrs, &write_ptrs);
-    // Record the reads and writes on `stream` before the locks are released.
-    drop(syncs);
     drop(guards);
     result
+}
+
+/// The device address of a locked allocation.
+fn device_address(guard: &CudaGuard<'_>) -> u64 {
+    let slice: &CudaSlice<u8> = match guard {
+        CudaGuard::Read(g) => g,
+        CudaGuard::Write(g) => g,
+    };
+    raw_address(slice)
+}
+
+/// The device address of `slice`. cudarc's event tracking is off for opsmith's contexts, so
+/// `device_ptr` records and waits for nothing: it is a plain read of the address.
+pub(crate) fn raw_address(slice: &CudaSlice<u8>) -> u64 {
+    let (ptr, _no_event) = slice.device_ptr(slice.stream());
+    ptr
 }
 
 /// Copies all of `src` into `dst`, which live on two different CUDA devices with peer access
@@ -170,13 +190,13 @@ pub(crate) fn with_cuda_ptrs<R>(
 /// The copy runs on `dst`'s device's current stream. That stream first waits for the work that
 /// writes `src` (through an event on `src`'s current stream, as an event can only be recorded on
 /// a stream of its own context), and `src`'s current stream then waits for the copy, so that
-/// `src`'s next writer, which waits for `src`'s last reader, cannot overwrite it mid-copy. `dst`'s
-/// next user waits for the copy through `dst`'s write event.
+/// `src`'s next writer, which waits for `src`'s last reader, cannot overwrite it mid-copy. The
+/// copy counts as a write of `dst` on `dst`'s stream, which its next user elsewhere waits for.
 pub(crate) fn copy_to_peer(src: &Tensor, dst: &Tensor) -> Result<()> {
     let op = "Tensor::to_device";
     let (
-        StorageData::Cuda { device: src_dev, bytes: src_bytes },
-        StorageData::Cuda { device: dst_dev, bytes: dst_bytes },
+        StorageData::Cuda { device: src_dev, bytes: src_bytes, uses: src_uses },
+        StorageData::Cuda { device: dst_dev, bytes: dst_bytes, uses: dst_uses },
     ) = (&src.storage.data, &dst.storage.data)
     else {
         return Err(Error::DeviceMismatch { op, lhs: src.device, rhs: dst.device });
@@ -195,7 +215,7 @@ pub(crate) fn copy_to_peer(src: &Tensor, dst: &Tensor) -> Result<()> {
     let (src_stream, dst_stream) = (src_dev.current_stream(), dst_dev.current_stream());
     // Two storages, locked in address order, as `with_cuda_ptrs` does, so that copies in both
     // directions at once cannot deadlock.
-    let (src_guard, mut dst_guard) = if Arc::as_ptr(&src.storage) < Arc::as_ptr(&dst.storage) {
+    let (src_guard, dst_guard) = if Arc::as_ptr(&src.storage) < Arc::as_ptr(&dst.storage) {
         let s = src_bytes.read_recursive();
         (s, dst_bytes.write())
     } else {
@@ -206,12 +226,14 @@ pub(crate) fn copy_to_peer(src: &Tensor, dst: &Tensor) -> Result<()> {
     let dst_err = |call| move |e| dst_dev.driver_error(call, e);
 
     src_dev.bind()?;
-    let (src_base, src_read) = src_guard.device_ptr(src_stream.raw());
+    src_uses.read_on(&src_stream)?;
+    let src_base = raw_address(&src_guard);
     let src_ready = src_stream.raw().record_event(None).map_err(src_err("cuEventRecord"))?;
     dst_stream.raw().wait(&src_ready).map_err(dst_err("cuStreamWaitEvent"))?;
 
     dst_dev.bind()?;
-    let (dst_base, dst_written) = dst_guard.device_ptr_mut(dst_stream.raw());
+    dst_uses.write_on(&dst_stream)?;
+    let dst_base = raw_address(&dst_guard);
     // SAFETY: both ranges lie inside their live allocations (the tensors' elements), peer access
     // is enabled both ways, and the stream waits for `src`'s writer and `dst`'s users above.
     unsafe {
@@ -226,10 +248,9 @@ pub(crate) fn copy_to_peer(src: &Tensor, dst: &Tensor) -> Result<()> {
     }
     .map_err(dst_err("cuMemcpyPeerAsync"))?;
     let copied = dst_stream.raw().record_event(None).map_err(dst_err("cuEventRecord"))?;
+    // `src`'s read is noted on its own stream, which from here on also waits for the copy.
     src_stream.raw().wait(&copied).map_err(src_err("cuStreamWaitEvent"))?;
-    // `src`'s read event is recorded on its stream after that wait, so it covers the copy.
-    drop(dst_written);
-    drop(src_read);
+    drop((src_guard, dst_guard));
     dst.storage.bump_version();
     Ok(())
 }
