@@ -109,11 +109,11 @@ fn many_rows_per_block() -> Result<()> {
         let warp_max = table.forward.last().unwrap().max_cols as usize;
         let kernel = table.forward_block[0];
         let (per_warp, max_cols) = (32 * kernel.per_thread as usize, kernel.max_cols() as usize);
-        let mut lengths = vec![warp_max + 1, warp_max + 7, 2 * per_warp, 2 * per_warp + 1, 3 * per_warp - 1];
+        let mut lengths = vec![warp_max + 1, warp_max + 7, 3 * per_warp - 1, 3 * per_warp, 3 * per_warp + 1];
         lengths.extend([8 * per_warp, 8 * per_warp + 8, 13 * per_warp + 5, max_cols - 1, max_cols, max_cols + 1]);
         for cols in lengths {
-            // About 2^22 elements, and never fewer than 300 rows.
-            let rows = ((1 << 22) / cols).max(300);
+            // About 2^21 elements, and never fewer than 300 rows.
+            let rows = ((1 << 21) / cols).max(300);
             many_rows_case(&mut rng, dtype, rows, cols, 3, 0)?;
             many_rows_case(&mut rng, dtype, rows / 4, cols, 3, 1)?;
         }

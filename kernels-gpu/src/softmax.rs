@@ -166,6 +166,8 @@ mod imp {
         }
     }
 
+    /// `LONG` (the two-pass tiles) only with [`Warp`]: a block's warps would each stream every
+    /// tile of the row.
     #[inline(always)]
     unsafe fn forward_rows<
         T: Element,
@@ -272,6 +274,7 @@ mod imp {
         }
     }
 
+    /// `LONG` only with [`Warp`], as for the forward.
     #[inline(always)]
     unsafe fn backward_rows<T: Element, G: RowGroup, const V: usize, const LONG: bool, const PACKED: bool>(
         p: Backward<T>,
