@@ -1,13 +1,14 @@
 //! The GPU suite of softmax, cross-entropy and the squared error (`--features gpu-tests`; needs
 //! a CUDA device): the shared cases on `Device::Cuda(0)` against f64, and what only CUDA has:
-//! many more rows than resident warps (each warp loops over rows), outputs written over
-//! NaN-poisoned memory, and operands on different devices.
+//! many more rows than resident warps or blocks (each loops over rows), at each kernel's row
+//! length boundaries, outputs written over NaN-poisoned memory, and operands on different
+//! devices.
 mod common;
 mod softmax_cases;
 
 use opsmith_host::{DType, Device, Error, Labels, Result, Tensor, ops};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use softmax_cases::{random_values, round_to, softmax_reference};
+use softmax_cases::{random_values, round_to, softmax_reference, tensor_at};
 
 const GPU: Device = Device::Cuda(0);
 
@@ -21,63 +22,100 @@ fn poison_pool(n: usize, dtype: DType) -> Result<()> {
     Ok(())
 }
 
-/// Thousands of rows per launch (several per warp) at each kernel tier: register-resident
-/// short and full rows, and the two-pass long rows; forward with a row mask and backward, every
-/// element checked against f64 over poisoned output memory.
+/// One many-rows case, forward and backward, every element checked against f64 over poisoned
+/// output memory: `x` of `[rows, cols]` viewed `offset` elements into its buffer (an odd offset
+/// forces the scalar path), with a `[mask_rows, cols]` mask broadcast over the rows, a third of
+/// its terms `-inf` and, when `mask_rows > 1`, its row 1 wholly `-inf` (so every `mask_rows`-th
+/// row of `x` is fully masked and must come out as zeros).
+fn many_rows_case(
+    rng: &mut StdRng,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    mask_rows: usize,
+    offset: usize,
+) -> Result<()> {
+    let n = rows * cols;
+    let what = format!("{dtype} [{rows}, {cols}], mask [{mask_rows}, {cols}], offset {offset}");
+    let x = random_values(rng, n, dtype);
+    let mut mask = random_values(rng, mask_rows * cols, dtype);
+    mask.iter_mut().step_by(3).for_each(|m| *m = f64::NEG_INFINITY);
+    if mask_rows > 1 {
+        mask[cols..2 * cols].iter_mut().for_each(|m| *m = f64::NEG_INFINITY);
+    }
+    let xt = tensor_at(&x, &[rows, cols], offset, dtype, GPU)?;
+    let mt = tensor_at(&mask, &[mask_rows, cols], offset, dtype, GPU)?;
+    poison_pool(n, dtype)?;
+    let y = ops::softmax(&xt, 0.5, Some(&mt))?.to_vec_f64()?;
+    let (want, magnitude) = softmax_reference(&x, Some(&mask), cols, 0.5);
+    let u = f32::EPSILON as f64 / 2.0;
+    let store = if dtype == DType::F32 { 0.0 } else { dtype.unit_roundoff() * 1.01 };
+    for i in 0..n {
+        if magnitude[i].is_infinite() || (want[i] == 0.0 && magnitude[i] == 0.0) {
+            assert_eq!(y[i], 0.0, "{what} element {i}: masked out");
+        } else {
+            let tol = want[i] * (u * (16.0 + 4.0 * magnitude[i] + cols as f64 / 16.0) + store) + 2f64.powi(-24);
+            assert!((y[i] - want[i]).abs() <= tol, "{what} element {i}: {} vs {}", y[i], want[i]);
+        }
+    }
+
+    // Backward from the rounded forward output (fully masked rows give y = 0, so gx = 0).
+    let yr: Vec<f64> = want.iter().map(|&v| round_to(dtype, v)).collect();
+    let g = random_values(rng, n, dtype);
+    let gt = tensor_at(&g, &[rows, cols], offset, dtype, GPU)?;
+    let yt = tensor_at(&yr, &[rows, cols], 0, dtype, GPU)?;
+    poison_pool(n, dtype)?;
+    let gx = ops::softmax_backward(&gt, &yt, 2.0)?.to_vec_f64()?;
+    for (r, (grow, yrow)) in g.chunks(cols).zip(yr.chunks(cols)).enumerate() {
+        let dot: f64 = grow.iter().zip(yrow).map(|(g, y)| g * y).sum();
+        let dot_abs: f64 = grow.iter().zip(yrow).map(|(g, y)| (g * y).abs()).sum();
+        for c in 0..cols {
+            let i = r * cols + c;
+            let want = 2.0 * yrow[c] * (grow[c] - dot);
+            let tol = 2.0 * yrow[c] * u * ((cols as f64 / 32.0 + 8.0) * dot_abs + 3.0 * (grow[c].abs() + dot.abs()))
+                + store * want.abs()
+                + 2f64.powi(-24);
+            assert!((gx[i] - want).abs() <= tol, "backward {what} element {i}: {} vs {want}", gx[i]);
+        }
+    }
+    Ok(())
+}
+
+/// Thousands of rows per launch (several per warp) at each kernel tier: one-warp short and full
+/// rows, block-per-row rows, and the two-pass long rows; forward with a row mask and backward.
 #[test]
 fn many_rows_per_warp() -> Result<()> {
     let mut rng = StdRng::seed_from_u64(21);
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        for (rows, cols) in [(20_000, 64), (3_000, 4096), (2_000, 1000), (600, 8192)] {
-            let n = rows * cols;
-            let x = random_values(&mut rng, n, dtype);
-            let mut mask = random_values(&mut rng, cols, dtype);
-            mask.iter_mut().step_by(3).for_each(|m| *m = f64::NEG_INFINITY);
-            let xt = Tensor::from_f64(&x, [rows, cols], dtype, GPU)?;
-            let mt = Tensor::from_f64(&mask, [cols], dtype, GPU)?;
-            poison_pool(n, dtype)?;
-            let y = ops::softmax(&xt, 0.5, Some(&mt))?.to_vec_f64()?;
-            let (want, magnitude) = softmax_reference(&x, Some(&mask), cols, 0.5);
-            let u = f32::EPSILON as f64 / 2.0;
-            let store = if dtype == DType::F32 { 0.0 } else { dtype.unit_roundoff() * 1.01 };
-            for i in 0..n {
-                if magnitude[i].is_infinite() {
-                    assert_eq!(y[i], 0.0, "{dtype} [{rows}, {cols}] element {i}: masked out");
-                } else {
-                    let tol = want[i] * (u * (16.0 + 4.0 * magnitude[i] + cols as f64 / 16.0) + store) + 2f64.powi(-24);
-                    assert!(
-                        (y[i] - want[i]).abs() <= tol,
-                        "{dtype} [{rows}, {cols}] element {i}: {} vs {}",
-                        y[i],
-                        want[i]
-                    );
-                }
-            }
+        for (rows, cols) in [(20_000, 64), (3_000, 4096), (2_000, 1000), (600, 8192), (200, 20_000)] {
+            many_rows_case(&mut rng, dtype, rows, cols, 1, 0)?;
+        }
+    }
+    Ok(())
+}
 
-            // Backward from the rounded forward output.
-            let yr: Vec<f64> = want.iter().map(|&v| round_to(dtype, v)).collect();
-            let g = random_values(&mut rng, n, dtype);
-            let (gt, yt) =
-                (Tensor::from_f64(&g, [rows, cols], dtype, GPU)?, Tensor::from_f64(&yr, [rows, cols], dtype, GPU)?);
-            poison_pool(n, dtype)?;
-            let gx = ops::softmax_backward(&gt, &yt, 2.0)?.to_vec_f64()?;
-            for (r, (grow, yrow)) in g.chunks(cols).zip(yr.chunks(cols)).enumerate() {
-                let dot: f64 = grow.iter().zip(yrow).map(|(g, y)| g * y).sum();
-                let dot_abs: f64 = grow.iter().zip(yrow).map(|(g, y)| (g * y).abs()).sum();
-                for c in 0..cols {
-                    let i = r * cols + c;
-                    let want = 2.0 * yrow[c] * (grow[c] - dot);
-                    let tol =
-                        2.0 * yrow[c] * u * ((cols as f64 / 32.0 + 8.0) * dot_abs + 3.0 * (grow[c].abs() + dot.abs()))
-                            + store * want.abs()
-                            + 2f64.powi(-24);
-                    assert!(
-                        (gx[i] - want).abs() <= tol,
-                        "backward {dtype} [{rows}, {cols}] element {i}: {} vs {want}",
-                        gx[i]
-                    );
-                }
-            }
+/// The block-per-row kernels at every boundary of their block sizes: each warp of a block holds
+/// `32 * per_thread` values, so row lengths at, below and above a whole number of warps (the
+/// smallest block just past the one-warp kernels, capacity ± 1 of several block sizes, the
+/// largest block and one past it, which takes the long kernel), odd lengths (the scalar path),
+/// and unaligned views. More rows than resident blocks, so each block loops over rows and
+/// reuses its shared-memory scratch; a `[3, cols]` mask with one row wholly `-inf`, so fully
+/// masked rows sit among the others in each block's loop.
+#[test]
+fn many_rows_per_block() -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(23);
+    use opsmith_kernels::names::softmax;
+    for (dtype, table) in [(DType::F32, softmax::F32), (DType::F16, softmax::F16), (DType::BF16, softmax::BF16)] {
+        let warp_max = table.forward.last().unwrap().max_cols as usize;
+        let kernel = table.forward_block[0];
+        let (per_warp, max_cols) = (32 * kernel.per_thread as usize, kernel.max_cols() as usize);
+        let mut lengths = vec![warp_max + 1, warp_max + 7, 3 * per_warp - 1, 3 * per_warp, 3 * per_warp + 1];
+        lengths.extend([8 * per_warp, 8 * per_warp + 8, 13 * per_warp + 5, max_cols - 1, max_cols, max_cols + 1]);
+        for cols in lengths {
+            // About 2^21 elements, and never fewer than 300 rows.
+            let rows = ((1 << 21) / cols).max(300);
+            many_rows_case(&mut rng, dtype, rows, cols, 3, 0)?;
+            many_rows_case(&mut rng, dtype, rows / 4, cols, 3, 1)?;
         }
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! Checks the embedded PTX without a GPU: every kernel name the host uses is defined, nothing is
 //! left unresolved, and `ptxas` (when found) accepts it for sm_90 with no register spills.
 use opsmith_host::cuda::{EMBEDDED_PTX, EMBEDDED_PTX_ARCH};
-use opsmith_kernels::names::all_kernel_names;
+use opsmith_kernels::names::{ALL_SOFTMAX, all_kernel_names};
 use opsmith_ptx_builder::{entry_names, extern_functions};
 use std::path::PathBuf;
 use std::process::Command;
@@ -67,5 +67,25 @@ fn ptxas_accepts_the_module_for_sm_90_without_spills() {
     for line in spill_lines {
         assert!(line.contains("0 bytes spill stores, 0 bytes spill loads"), "spills: {line}");
     }
+    // A block-per-row softmax kernel may be launched with 1024 threads, which fit a
+    // multiprocessor's 65536 registers only at 64 registers a thread or fewer.
+    for kernel in ALL_SOFTMAX.iter().flat_map(|t| t.forward_block.iter().chain(t.backward_block)) {
+        let registers = used_registers(&log, kernel.name);
+        let limit = 65536 / kernel.max_block as u64;
+        assert!(
+            registers <= limit,
+            "{} uses {registers} registers, over {limit} for a block of {}",
+            kernel.name,
+            kernel.max_block
+        );
+    }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The registers `ptxas -v` reports for `kernel` in `log`.
+fn used_registers(log: &str, kernel: &str) -> u64 {
+    let header = format!("Compiling entry function '{kernel}'");
+    let report = log.lines().skip_while(|l| !l.contains(&header)).find(|l| l.contains("Used "));
+    let count = report.and_then(|l| l.split("Used ").nth(1)?.split(' ').next()?.parse().ok());
+    count.unwrap_or_else(|| panic!("no register count for {kernel} in:\n{log}"))
 }

@@ -22,7 +22,7 @@
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(abi_ptx, stdarch_nvptx, core_intrinsics, f16, portable_simd, link_llvm_intrinsics)
+    feature(abi_ptx, stdarch_nvptx, core_intrinsics, f16, portable_simd, link_llvm_intrinsics, asm_experimental_arch)
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 #![warn(missing_docs)]

@@ -124,7 +124,8 @@ impl OptimizerKernels {
     }
 }
 
-/// A softmax kernel that holds a whole row in registers, for rows of up to `max_cols` values.
+/// A softmax kernel that holds a whole row in the registers of one warp, for rows of up to
+/// `max_cols` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowKernel {
     /// The PTX entry point.
@@ -133,15 +134,88 @@ pub struct RowKernel {
     pub max_cols: u64,
 }
 
+/// A softmax kernel that holds a whole row in the registers of one thread block,
+/// `per_thread` values a thread, with a block of `32..=max_block` threads sized to the row.
+///
+/// ```
+/// let k = opsmith_kernels::names::softmax::F32.forward_block[0];
+/// assert_eq!((k.per_thread, k.max_cols()), (16, 16384));
+/// assert_eq!(k.block_for(4096), 256); // 16 values a thread
+/// assert_eq!(k.block_for(1025), 96); // whole warps
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRowKernel {
+    /// The PTX entry point.
+    pub name: &'static str,
+    /// The values each thread holds.
+    pub per_thread: u64,
+    /// The largest block it may be launched with.
+    pub max_block: u32,
+}
+
+impl BlockRowKernel {
+    /// The longest row it takes (with its largest block).
+    pub const fn max_cols(&self) -> u64 {
+        self.per_thread * self.max_block as u64
+    }
+
+    /// The threads per block for rows of `cols` values: the fewest whole warps that hold the
+    /// row, `per_thread` values a thread (at most `max_block` when `cols <= max_cols()`).
+    pub const fn block_for(&self, cols: u64) -> u32 {
+        let warps = cols.div_ceil(32 * self.per_thread);
+        let warps = if warps == 0 { 1 } else { warps };
+        (32 * warps) as u32
+    }
+}
+
+/// How to launch a softmax kernel over the rows of a matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowLaunch {
+    /// One warp per row (the register-resident one-warp kernels and the two-pass long ones),
+    /// any block size of whole warps.
+    Warp(&'static str),
+    /// One block of exactly `block` threads per row.
+    Block {
+        /// The PTX entry point.
+        name: &'static str,
+        /// Threads per block.
+        block: u32,
+    },
+}
+
+impl RowLaunch {
+    /// The PTX entry point.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            RowLaunch::Warp(name) | RowLaunch::Block { name, .. } => name,
+        }
+    }
+}
+
 /// The PTX entry points of the softmax family for one storage dtype.
+///
+/// A row of `cols` values takes the smallest one-warp kernel that holds it, else the smallest
+/// block kernel, else the two-pass long kernel:
+///
+/// ```
+/// use opsmith_kernels::names::{RowLaunch, softmax::F32};
+/// assert_eq!(F32.forward_for(1000), RowLaunch::Warp("softmax_f32_v32"));
+/// assert_eq!(F32.forward_for(4096), RowLaunch::Block { name: "softmax_block_f32_v16", block: 256 });
+/// assert_eq!(F32.backward_for(16385), RowLaunch::Warp("softmax_backward_long_f32"));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SoftmaxKernels {
-    /// `softmax(scale * x + mask)` with the row in registers, shortest rows first.
+    /// `softmax(scale * x + mask)` with the row in one warp's registers, shortest rows first.
     pub forward: &'static [RowKernel],
+    /// `softmax(scale * x + mask)` with the row in one block's registers, for rows longer than
+    /// the one-warp kernels take, shortest rows first.
+    pub forward_block: &'static [BlockRowKernel],
     /// `softmax(scale * x + mask)` for rows of any length (two passes over each row).
     pub forward_long: &'static str,
-    /// `scale * y * (g - sum(g * y))` with the row in registers, shortest rows first.
+    /// `scale * y * (g - sum(g * y))` with the row in one warp's registers, shortest rows first.
     pub backward: &'static [RowKernel],
+    /// The backward with the row in one block's registers, shortest rows first.
+    pub backward_block: &'static [BlockRowKernel],
     /// The backward for rows of any length.
     pub backward_long: &'static str,
 }
@@ -150,24 +224,29 @@ impl SoftmaxKernels {
     /// Every entry point of the table.
     pub fn all(self) -> impl Iterator<Item = &'static str> {
         let rows = self.forward.iter().chain(self.backward).map(|k| k.name);
-        rows.chain([self.forward_long, self.backward_long])
+        let blocks = self.forward_block.iter().chain(self.backward_block).map(|k| k.name);
+        rows.chain(blocks).chain([self.forward_long, self.backward_long])
     }
 
-    /// The forward kernel for rows of `cols` values: the smallest register-resident one that
-    /// holds the row, else the long one.
-    pub fn forward_for(&self, cols: u64) -> &'static str {
-        pick(self.forward, cols).unwrap_or(self.forward_long)
+    /// The forward kernel for rows of `cols` values, and its launch shape.
+    pub fn forward_for(&self, cols: u64) -> RowLaunch {
+        pick(self.forward, self.forward_block, cols).unwrap_or(RowLaunch::Warp(self.forward_long))
     }
 
     /// The backward kernel for rows of `cols` values, chosen as [`forward_for`](Self::forward_for)
     /// chooses.
-    pub fn backward_for(&self, cols: u64) -> &'static str {
-        pick(self.backward, cols).unwrap_or(self.backward_long)
+    pub fn backward_for(&self, cols: u64) -> RowLaunch {
+        pick(self.backward, self.backward_block, cols).unwrap_or(RowLaunch::Warp(self.backward_long))
     }
 }
 
-fn pick(kernels: &[RowKernel], cols: u64) -> Option<&'static str> {
-    kernels.iter().find(|k| cols <= k.max_cols).map(|k| k.name)
+fn pick(warp: &[RowKernel], block: &[BlockRowKernel], cols: u64) -> Option<RowLaunch> {
+    let by_warp = warp.iter().find(|k| cols <= k.max_cols).map(|k| RowLaunch::Warp(k.name));
+    let by_block = || {
+        let k = block.iter().find(|k| cols <= k.max_cols())?;
+        Some(RowLaunch::Block { name: k.name, block: k.block_for(cols) })
+    };
+    by_warp.or_else(by_block)
 }
 
 /// The PTX entry points of the loss family for one storage dtype.
@@ -246,9 +325,9 @@ pub const ALL_LOSS: [LossKernels; 3] = [loss::F32, loss::F16, loss::BF16];
 /// ```
 /// let names: Vec<&str> = opsmith_kernels::names::all_kernel_names().collect();
 /// // Three dtypes of elementwise, reduction, activation, softmax and loss kernels; f32 optimizers.
-/// // Softmax: 5 register-resident sizes for f32 and 3 for f16 and bf16, each way, plus the long kernels.
-/// // And the benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (7 + 5 + 6 + 2 + 4) + 2 * (5 + 3 + 3) + 3 + 1);
+/// // Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1 long kernel. And the
+/// // benchmarks' `spin_ns`.
+/// assert_eq!(names.len(), 3 * (7 + 5 + 6 + 2 * (3 + 1 + 1) + 4) + 3 + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {
@@ -261,4 +340,42 @@ pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {
         .chain(ALL_SOFTMAX.into_iter().flat_map(|t| t.all()))
         .chain(ALL_LOSS.into_iter().flat_map(|t| t.all()))
         .chain([SPIN])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row length goes to a kernel that holds it; the block kernels get whole warps, the
+    /// fewest that hold the row, at most their largest block; past every capacity, the long
+    /// kernels.
+    #[test]
+    fn every_row_length_has_a_kernel() {
+        for table in ALL_SOFTMAX {
+            let block_max = table.forward_block.iter().chain(table.backward_block).map(|k| k.max_cols()).max();
+            for cols in 1..=20_000u64 {
+                for (launch, long) in
+                    [(table.forward_for(cols), table.forward_long), (table.backward_for(cols), table.backward_long)]
+                {
+                    match launch {
+                        RowLaunch::Block { name, block } => {
+                            let all = table.forward_block.iter().chain(table.backward_block);
+                            let k = all.into_iter().find(|k| k.name == name).unwrap();
+                            assert!(block % 32 == 0 && block <= k.max_block, "{name}: block {block} for {cols}");
+                            assert!(cols <= block as u64 * k.per_thread, "{name}: block {block} too small for {cols}");
+                            assert!(
+                                cols > (block as u64 - 32) * k.per_thread,
+                                "{name}: block {block} too big for {cols}"
+                            );
+                        }
+                        RowLaunch::Warp(name) if name == long => assert!(Some(cols) > block_max, "{name} for {cols}"),
+                        RowLaunch::Warp(name) => {
+                            let k = table.forward.iter().chain(table.backward).find(|k| k.name == name).unwrap();
+                            assert!(cols <= k.max_cols, "{name} for {cols}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

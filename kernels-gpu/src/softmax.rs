@@ -1,25 +1,44 @@
 //! Softmax along the last axis, `y = softmax(scale * x + mask)`, and its backward
-//! `gx = scale * y * (g - sum(g * y))`, one warp per row and one kernel each.
+//! `gx = scale * y * (g - sum(g * y))`, one kernel each, in three tiers by row length.
 //!
-//! A row of up to `32 * V` values is held in registers, `V` per lane, so `x` and the mask are
-//! read once and `y` written once: 12 bytes per f32 element with a full mask, the least any
-//! softmax can move. The name table has one such kernel per `V`. Longer rows take the `_long`
-//! kernels, which stream the row in tiles twice: once for the maximum and the sum of
-//! exponentials (online: the sum is rescaled whenever the maximum grows), once to write.
+//! * Rows of up to 1024 values: one warp per row, `32 * V` values held in registers, `V` per
+//!   lane (the name table has one such kernel per `V`).
+//! * Rows of up to 16384 values: one thread block per row, 16 values a thread; the host sizes the
+//!   block to the row (32 to 1024 threads, warp `w` holding values `512 w .. 512 (w + 1)`), and
+//!   the maximum, the sum of exponentials and the backward's `sum(g * y)` are reduced across the
+//!   block ([`BlockReduce`](crate::device::block::BlockReduce): shuffles, then 256 bytes of shared
+//!   memory, one barrier per reduction). At 16 values a thread these kernels need at most 64
+//!   registers, so blocks of 1024 threads launch; at 4096 values a row (256 threads, 56
+//!   registers a thread at sm_90) 32 warps are resident per multiprocessor, where the one-warp
+//!   kernel for 4096 values needed 254 registers a thread and left room for 8.
+//! * Longer rows take the `_long` kernels (one warp per row), which stream the row in tiles
+//!   twice: once for the maximum and the sum of exponentials (online: the sum is rescaled
+//!   whenever the maximum grows), once to write.
+//!
+//! In the first two tiers `x` and the mask are read once and `y` written once: 12 bytes per f32
+//! element with a full mask, the least any softmax can move. The backward of the block tier
+//! holds `y` and reads `g` a second time (from L1 or L2, not DRAM): holding both would take
+//! more than 64 registers.
 //!
 //! The mask is a `[mask_rows, cols]` matrix of additive terms (`-inf` masks a value out); row
 //! `r` of `x` takes row `r % mask_rows` of it, which is how one `[seq, seq]` mask serves every
 //! batch and head of an attention matrix. A row whose every term is `-inf` gives zeros.
-use crate::names::{RowKernel, SoftmaxKernels};
+use crate::names::{BlockRowKernel, RowKernel, SoftmaxKernels};
+
+/// The largest block the block-per-row kernels take (a CUDA limit). Launching it needs at most
+/// 64 registers a thread on a 64K-register multiprocessor, which the PTX test checks.
+const MAX_BLOCK: u32 = 1024;
 
 /// Slots per lane per tile of the `_long` kernels.
 #[cfg(target_arch = "nvptx64")]
 const LONG_TILE: usize = 32;
 
 /// The bodies behind the entry points; each entry point picks, once per launch, packed or scalar
-/// access and masked or not, so the row loop itself has no such branch.
+/// access and masked or not, so the row loop itself has no such branch. The bodies are generic
+/// over the [`imp::RowGroup`] that holds a row: a warp or a whole block.
 #[cfg(target_arch = "nvptx64")]
 mod imp {
+    use crate::device::block::BlockReduce;
     use crate::device::element::Element;
     use crate::device::index::GridStride;
     use crate::device::logsumexp::{ExpSum, exp_bias, exp_shifted, local_max, reciprocal_or_zero};
@@ -27,6 +46,82 @@ mod imp {
     use crate::device::rows::{RowLanes, rows_packable};
     use crate::device::unroll::{Count, Unrolled, fold, from_fn};
     use crate::device::warp::{warp_max, warp_sum};
+
+    /// The threads that hold one row together: which rows they visit, where each thread's
+    /// values lie, and the row-wide collectives.
+    pub trait RowGroup {
+        /// The rows this group visits, every thread of the group the same ones.
+        fn rows(&self, rows: u64) -> GridStride;
+        /// The tile of a row held in registers that the calling thread's warp holds (see
+        /// [`RowLanes`]): 0 for a warp, the warp's index in its block for a block.
+        fn tile(&self) -> u64;
+        /// Up to this many slots per thread the backward holds both `g` and `y` in registers;
+        /// past it, `y` only, reading `g` again.
+        const HELD_GRADIENT_SLOTS: usize;
+        /// The largest `value` over the group (NaN ignored), to every thread of it.
+        ///
+        /// # Safety
+        /// Every thread of the group calls it together.
+        unsafe fn max(&mut self, value: f32) -> f32;
+        /// The sum of `value` over the group, to every thread of it.
+        ///
+        /// # Safety
+        /// Every thread of the group calls it together.
+        unsafe fn sum(&mut self, value: f32) -> f32;
+    }
+
+    /// One warp per row.
+    #[derive(Clone, Copy)]
+    pub struct Warp;
+
+    impl RowGroup for Warp {
+        #[inline(always)]
+        fn rows(&self, rows: u64) -> GridStride {
+            GridStride::over_warps(rows)
+        }
+        const HELD_GRADIENT_SLOTS: usize = 64;
+        #[inline(always)]
+        fn tile(&self) -> u64 {
+            0
+        }
+        #[inline(always)]
+        unsafe fn max(&mut self, value: f32) -> f32 {
+            // SAFETY: forwarded from the caller.
+            unsafe { warp_max(value) }
+        }
+        #[inline(always)]
+        unsafe fn sum(&mut self, value: f32) -> f32 {
+            // SAFETY: forwarded from the caller.
+            unsafe { warp_sum(value) }
+        }
+    }
+
+    /// One thread block per row, reducing through its [`BlockReduce`] scratch.
+    pub struct Block(pub BlockReduce);
+
+    impl RowGroup for Block {
+        #[inline(always)]
+        fn rows(&self, rows: u64) -> GridStride {
+            GridStride::over_blocks(rows)
+        }
+        // A block of 1024 threads launches only at 64 registers a thread or fewer.
+        const HELD_GRADIENT_SLOTS: usize = 8;
+        #[inline(always)]
+        fn tile(&self) -> u64 {
+            // SAFETY: reading the special register has no preconditions.
+            unsafe { core::arch::nvptx::_thread_idx_x() as u64 / 32 }
+        }
+        #[inline(always)]
+        unsafe fn max(&mut self, value: f32) -> f32 {
+            // SAFETY: forwarded from the caller; the block kernels' contract bounds blockDim.
+            unsafe { self.0.max(value) }
+        }
+        #[inline(always)]
+        unsafe fn sum(&mut self, value: f32) -> f32 {
+            // SAFETY: as above.
+            unsafe { self.0.sum(value) }
+        }
+    }
 
     /// The forward kernels' parameters, as the entry points take them.
     #[derive(Clone, Copy)]
@@ -54,7 +149,7 @@ mod imp {
     /// # Safety
     /// The entry points' contract.
     #[inline(always)]
-    pub unsafe fn forward<T: Element, const V: usize, const LONG: bool>(p: Forward<T>)
+    pub unsafe fn forward<T: Element, G: RowGroup, const V: usize, const LONG: bool>(p: Forward<T>, group: G)
     where
         Count<V>: Unrolled,
     {
@@ -63,22 +158,32 @@ mod imp {
         // SAFETY: forwarded; `packed` was checked for every pointer the body reads or writes.
         unsafe {
             match (packed, masked) {
-                (true, true) => forward_rows::<T, V, LONG, true, true>(p),
-                (true, false) => forward_rows::<T, V, LONG, true, false>(p),
-                (false, true) => forward_rows::<T, V, LONG, false, true>(p),
-                (false, false) => forward_rows::<T, V, LONG, false, false>(p),
+                (true, true) => forward_rows::<T, G, V, LONG, true, true>(p, group),
+                (true, false) => forward_rows::<T, G, V, LONG, true, false>(p, group),
+                (false, true) => forward_rows::<T, G, V, LONG, false, true>(p, group),
+                (false, false) => forward_rows::<T, G, V, LONG, false, false>(p, group),
             }
         }
     }
 
+    /// `LONG` (the two-pass tiles) only with [`Warp`]: a block's warps would each stream every
+    /// tile of the row.
     #[inline(always)]
-    unsafe fn forward_rows<T: Element, const V: usize, const LONG: bool, const PACKED: bool, const MASK: bool>(
+    unsafe fn forward_rows<
+        T: Element,
+        G: RowGroup,
+        const V: usize,
+        const LONG: bool,
+        const PACKED: bool,
+        const MASK: bool,
+    >(
         p: Forward<T>,
+        mut group: G,
     ) where
         Count<V>: Unrolled,
     {
-        let lanes = RowLanes::<T, V, PACKED>::new(p.cols);
-        for r in GridStride::over_warps(p.rows) {
+        let (lanes, tile) = (RowLanes::<T, V, PACKED>::new(p.cols), group.tile());
+        for r in group.rows(p.rows) {
             // `mask_rows > 0` when MASK; `checked_rem` spares a division-by-zero panic path.
             let mask_row = r.checked_rem(p.mask_rows).unwrap_or(0);
             // SAFETY: r < rows and mask_row < mask_rows, so each row start is inside its matrix.
@@ -93,14 +198,16 @@ mod imp {
                 // SAFETY: the row starts computed above hold `cols` values each.
                 unsafe { logits::<T, V, PACKED, MASK>(lanes, x, mask, tile, p.scale) }
             };
+            // SAFETY (every collective below): every thread of the group runs the same rows and
+            // tiles, so the group is converged at each collective; the output row is this
+            // group's alone, and within it each column belongs to one thread.
             if LONG {
-                // SAFETY: every lane of the warp runs the same rows and tiles, so the warp is
-                // converged at each collective; the output row is this warp's alone.
-                let total = unsafe { (0..lanes.tiles()).fold(ExpSum::EMPTY, |s, k| s.add(&row(k))).warp_total() };
-                let (bias, inv) = (exp_bias(total.max), reciprocal_or_zero(total.sum));
+                let local = (0..lanes.tiles()).fold(ExpSum::EMPTY, |s, k| s.add(&row(k)));
+                let max = unsafe { group.max(local.max) };
+                let sum = unsafe { group.sum(local.sum * exp_shifted(local.max, exp_bias(max))) };
+                let (bias, inv) = (exp_bias(max), reciprocal_or_zero(sum));
                 for k in 0..lanes.tiles() {
                     let y = |x, m| exp_shifted(logit::<MASK>(x, m, p.scale), bias) * inv;
-                    // SAFETY: as above.
                     unsafe {
                         if MASK {
                             lanes.map_store([x, mask], out, k, |_, [x, m]| y(x, m))
@@ -110,14 +217,11 @@ mod imp {
                     }
                 }
             } else {
-                let z = row(0);
-                // SAFETY: as above.
-                let bias = exp_bias(unsafe { warp_max(local_max(&z)) });
+                let z = row(tile);
+                let bias = exp_bias(unsafe { group.max(local_max(&z)) });
                 let e: [f32; V] = from_fn(|s| exp_shifted(z[s], bias));
-                // SAFETY: as above.
-                let inv = reciprocal_or_zero(unsafe { warp_sum(fold::<V, f32>(0.0, |sum, s| sum + e[s])) });
-                // SAFETY: as above.
-                unsafe { lanes.store(out, 0, &from_fn(|s| e[s] * inv)) };
+                let inv = reciprocal_or_zero(unsafe { group.sum(fold::<V, f32>(0.0, |sum, s| sum + e[s])) });
+                unsafe { lanes.store(out, tile, &from_fn(|s| e[s] * inv)) };
             }
         }
     }
@@ -156,48 +260,51 @@ mod imp {
     /// # Safety
     /// The entry points' contract.
     #[inline(always)]
-    pub unsafe fn backward<T: Element, const V: usize, const LONG: bool>(p: Backward<T>)
+    pub unsafe fn backward<T: Element, G: RowGroup, const V: usize, const LONG: bool>(p: Backward<T>, group: G)
     where
         Count<V>: Unrolled,
     {
         // SAFETY: forwarded; `packed` was checked for every pointer the body reads or writes.
         unsafe {
             if rows_packable(p.cols, [p.g, p.y, p.gx as *const T]) {
-                backward_rows::<T, V, LONG, true>(p)
+                backward_rows::<T, G, V, LONG, true>(p, group)
             } else {
-                backward_rows::<T, V, LONG, false>(p)
+                backward_rows::<T, G, V, LONG, false>(p, group)
             }
         }
     }
 
+    /// `LONG` only with [`Warp`], as for the forward.
     #[inline(always)]
-    unsafe fn backward_rows<T: Element, const V: usize, const LONG: bool, const PACKED: bool>(p: Backward<T>)
-    where
+    unsafe fn backward_rows<T: Element, G: RowGroup, const V: usize, const LONG: bool, const PACKED: bool>(
+        p: Backward<T>,
+        mut group: G,
+    ) where
         Count<V>: Unrolled,
     {
-        let lanes = RowLanes::<T, V, PACKED>::new(p.cols);
+        let (lanes, tile) = (RowLanes::<T, V, PACKED>::new(p.cols), group.tile());
         let dot = |g: &[f32; V], y: &[f32; V]| fold::<V, f32>(0.0, |acc, s| fma(g[s], y[s], acc));
-        for r in GridStride::over_warps(p.rows) {
+        for r in group.rows(p.rows) {
             let start = (r * p.cols) as usize;
             // SAFETY: r < rows, so each row start is inside its matrix.
             let (g, y, gx) = unsafe { (p.g.add(start), p.y.add(start), p.gx.add(start)) };
             let gx_of = |y: f32, g: f32, dot: f32| y * (g - dot) * p.scale;
             // SAFETY (every block below): the rows hold `cols` values and the output row is this
-            // warp's alone; every lane of the warp runs the same rows and tiles, so the warp is
-            // converged at each collective.
+            // group's alone, each column one thread's; every thread of the group runs the same
+            // rows and tiles, so the group is converged at each collective.
             if LONG {
                 let mut local = 0.0;
                 for k in 0..lanes.tiles() {
                     unsafe { lanes.for_each([g, y], k, |_, [g, y]| local = fma(g, y, local)) };
                 }
-                let total = unsafe { warp_sum(local) };
+                let total = unsafe { group.sum(local) };
                 for k in 0..lanes.tiles() {
                     unsafe { lanes.map_store([g, y], gx, k, |_, [g, y]| gx_of(y, g, total)) };
                 }
-            } else if V <= HELD_GRADIENT_SLOTS {
-                let (gs, ys) = unsafe { (lanes.load(g, 0), lanes.load(y, 0)) };
-                let total = unsafe { warp_sum(dot(&gs, &ys)) };
-                unsafe { lanes.store(gx, 0, &from_fn(|s| gx_of(ys[s], gs[s], total))) };
+            } else if V <= G::HELD_GRADIENT_SLOTS {
+                let (gs, ys) = unsafe { (lanes.load(g, tile), lanes.load(y, tile)) };
+                let total = unsafe { group.sum(dot(&gs, &ys)) };
+                unsafe { lanes.store(gx, tile, &from_fn(|s| gx_of(ys[s], gs[s], total))) };
             } else {
                 // Holding both g and y would take 2 V registers: y is held, and g read again
                 // (from L1 or L2: this warp read it a moment ago). The second read goes through
@@ -205,20 +312,17 @@ mod imp {
                 // offset 0), so it cannot reuse the first loads, which would hold them after all.
                 let mut local = 0.0;
                 let ys = unsafe {
-                    lanes.load_map([g, y], 0, 0.0, |_, [g, y]| {
+                    lanes.load_map([g, y], tile, 0.0, |_, [g, y]| {
                         local = fma(g, y, local);
                         y
                     })
                 };
-                let total = unsafe { warp_sum(local) };
+                let total = unsafe { group.sum(local) };
                 let g = g.wrapping_add((p.rows >> 63) as usize);
-                unsafe { lanes.map_store([g], gx, 0, |s, [g]| gx_of(ys[s], g, total)) };
+                unsafe { lanes.map_store([g], gx, tile, |s, [g]| gx_of(ys[s], g, total)) };
             }
         }
     }
-
-    /// Up to this many slots per lane the backward holds both `g` and `y` in registers.
-    const HELD_GRADIENT_SLOTS: usize = 64;
 }
 
 macro_rules! softmax_family {
@@ -226,16 +330,20 @@ macro_rules! softmax_family {
         $(#[$table_doc:meta])*
         $table:ident, $elem:ty, {
             forward: [$($fwd:ident = $fwd_v:literal),+ $(,)?],
+            forward_block: [$($fwd_b:ident = $fwd_b_v:literal),+ $(,)?],
             forward_long: $fwd_long:ident,
             backward: [$($bwd:ident = $bwd_v:literal),+ $(,)?],
+            backward_block: [$($bwd_b:ident = $bwd_b_v:literal),+ $(,)?],
             backward_long: $bwd_long:ident $(,)?
         }
     ) => {
         $(#[$table_doc])*
         pub const $table: SoftmaxKernels = SoftmaxKernels {
             forward: &[$(RowKernel { name: stringify!($fwd), max_cols: 32 * $fwd_v }),+],
+            forward_block: &[$(BlockRowKernel { name: stringify!($fwd_b), per_thread: $fwd_b_v, max_block: MAX_BLOCK }),+],
             forward_long: stringify!($fwd_long),
             backward: &[$(RowKernel { name: stringify!($bwd), max_cols: 32 * $bwd_v }),+],
+            backward_block: &[$(BlockRowKernel { name: stringify!($bwd_b), per_thread: $bwd_b_v, max_block: MAX_BLOCK }),+],
             backward_long: stringify!($bwd_long),
         };
 
@@ -260,7 +368,35 @@ macro_rules! softmax_family {
                 x: *const $elem, mask: *const $elem, out: *mut $elem, rows: u64, cols: u64, mask_rows: u64, scale: f32,
             ) {
                 // SAFETY: forwarded from this kernel's contract.
-                unsafe { imp::forward::<$elem, $fwd_v, false>(imp::Forward { x, mask, out, rows, cols, mask_rows, scale }) }
+                unsafe { imp::forward::<$elem, _, $fwd_v, false>(imp::Forward { x, mask, out, rows, cols, mask_rows, scale }, imp::Warp) }
+            }
+        )+
+
+        $(
+            #[doc = concat!("`out = softmax(scale * x + mask)` along the rows of a `rows × cols` matrix, one thread block per row, for rows of at most ", stringify!($fwd_b_v), " × `blockDim.x` values.")]
+            ///
+            /// Thread mapping: one block per row (blocks loop over rows), warp `w` of the block
+            /// holding values `32 V w .. 32 V (w + 1)` of the row in registers, laid out over its
+            /// lanes as in the one-warp-per-row kernels
+            /// ([`RowLanes`](crate::device::rows::RowLanes)); the maximum and the sum are reduced
+            /// across the block
+            /// ([`BlockReduce`](crate::device::block::BlockReduce), 256 bytes of shared memory);
+            /// packed or scalar access and the mask as for the one-warp-per-row kernels. Any
+            /// grid size is correct; the host sizes the block to the row.
+            ///
+            /// # Safety
+            /// `x` and `out` are valid for `rows * cols` elements and `mask` (when
+            /// `mask_rows > 0`) for `mask_rows * cols`, all aligned to the element type;
+            /// `out` overlaps no input; the block is 1-D, `blockDim.x` is a multiple of 32 and at
+            /// most 1024, and `cols <= V * blockDim.x`.
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $fwd_b(
+                x: *const $elem, mask: *const $elem, out: *mut $elem, rows: u64, cols: u64, mask_rows: u64, scale: f32,
+            ) {
+                let block = imp::Block(crate::device::block::BlockReduce::new());
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { imp::forward::<$elem, _, $fwd_b_v, false>(imp::Forward { x, mask, out, rows, cols, mask_rows, scale }, block) }
             }
         )+
 
@@ -280,7 +416,7 @@ macro_rules! softmax_family {
             x: *const $elem, mask: *const $elem, out: *mut $elem, rows: u64, cols: u64, mask_rows: u64, scale: f32,
         ) {
             // SAFETY: forwarded from this kernel's contract.
-            unsafe { imp::forward::<$elem, LONG_TILE, true>(imp::Forward { x, mask, out, rows, cols, mask_rows, scale }) }
+            unsafe { imp::forward::<$elem, _, LONG_TILE, true>(imp::Forward { x, mask, out, rows, cols, mask_rows, scale }, imp::Warp) }
         }
 
         $(
@@ -298,7 +434,28 @@ macro_rules! softmax_family {
                 g: *const $elem, y: *const $elem, gx: *mut $elem, rows: u64, cols: u64, scale: f32,
             ) {
                 // SAFETY: forwarded from this kernel's contract.
-                unsafe { imp::backward::<$elem, $bwd_v, false>(imp::Backward { g, y, gx, rows, cols, scale }) }
+                unsafe { imp::backward::<$elem, _, $bwd_v, false>(imp::Backward { g, y, gx, rows, cols, scale }, imp::Warp) }
+            }
+        )+
+
+        $(
+            #[doc = concat!("The backward of softmax along the rows of a `rows × cols` matrix, one thread block per row, for rows of at most ", stringify!($bwd_b_v), " × `blockDim.x` values.")]
+            ///
+            /// Thread mapping as for the block-per-row forward kernels: the row held across
+            /// the block, the dot product `sum(g * y)` reduced across it.
+            ///
+            /// # Safety
+            /// `g`, `y` and `gx` are valid for `rows * cols` elements and aligned to the element
+            /// type; `gx` overlaps neither input; the block is 1-D, `blockDim.x` is a multiple of
+            /// 32 and at most 1024, and `cols <= V * blockDim.x`.
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $bwd_b(
+                g: *const $elem, y: *const $elem, gx: *mut $elem, rows: u64, cols: u64, scale: f32,
+            ) {
+                let block = imp::Block(crate::device::block::BlockReduce::new());
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { imp::backward::<$elem, _, $bwd_b_v, false>(imp::Backward { g, y, gx, rows, cols, scale }, block) }
             }
         )+
 
@@ -316,58 +473,44 @@ macro_rules! softmax_family {
             g: *const $elem, y: *const $elem, gx: *mut $elem, rows: u64, cols: u64, scale: f32,
         ) {
             // SAFETY: forwarded from this kernel's contract.
-            unsafe { imp::backward::<$elem, LONG_TILE, true>(imp::Backward { g, y, gx, rows, cols, scale }) }
+            unsafe { imp::backward::<$elem, _, LONG_TILE, true>(imp::Backward { g, y, gx, rows, cols, scale }, imp::Warp) }
         }
     };
 }
 
 softmax_family! {
-    /// The softmax kernels for f32 tensors.
+    /// The softmax kernels for f32 tensors: one warp per row up to 1024 values, one block per
+    /// row (16 values a thread, 32 to 1024 threads) up to 16384, two passes beyond.
     F32, f32, {
-        forward: [softmax_f32_v8 = 8, softmax_f32_v16 = 16, softmax_f32_v32 = 32, softmax_f32_v64 = 64, softmax_f32_v128 = 128],
+        forward: [softmax_f32_v8 = 8, softmax_f32_v16 = 16, softmax_f32_v32 = 32],
+        forward_block: [softmax_block_f32_v16 = 16],
         forward_long: softmax_long_f32,
-        backward: [
-            softmax_backward_f32_v8 = 8,
-            softmax_backward_f32_v16 = 16,
-            softmax_backward_f32_v32 = 32,
-            softmax_backward_f32_v64 = 64,
-            softmax_backward_f32_v128 = 128,
-        ],
+        backward: [softmax_backward_f32_v8 = 8, softmax_backward_f32_v16 = 16, softmax_backward_f32_v32 = 32],
+        backward_block: [softmax_backward_block_f32_v16 = 16],
         backward_long: softmax_backward_long_f32,
     }
 }
 
 softmax_family! {
-    /// The softmax kernels for f16 tensors (arithmetic in f32). Rows in registers up to 1024
-    /// values: the 2048- and 4096-value variants doubled the module's JIT time (ptxas 20 s → 11 s
-    /// for the whole module at sm_90) for a dtype whose long rows the two-pass kernel serves.
+    /// The softmax kernels for f16 tensors (arithmetic in f32), by row length as for f32.
     F16, crate::device::element::F16, {
         forward: [softmax_f16_v8 = 8, softmax_f16_v16 = 16, softmax_f16_v32 = 32],
+        forward_block: [softmax_block_f16_v16 = 16],
         forward_long: softmax_long_f16,
-        backward: [
-            softmax_backward_f16_v8 = 8,
-            softmax_backward_f16_v16 = 16,
-            softmax_backward_f16_v32 = 32,
-        ],
+        backward: [softmax_backward_f16_v8 = 8, softmax_backward_f16_v16 = 16, softmax_backward_f16_v32 = 32],
+        backward_block: [softmax_backward_block_f16_v16 = 16],
         backward_long: softmax_backward_long_f16,
     }
 }
 
 softmax_family! {
-    /// The softmax kernels for bf16 tensors (arithmetic in f32); rows in registers up to 1024
-    /// values, as for f16.
+    /// The softmax kernels for bf16 tensors (arithmetic in f32), by row length as for f32.
     BF16, crate::device::element::Bf16, {
-        forward: [
-            softmax_bf16_v8 = 8,
-            softmax_bf16_v16 = 16,
-            softmax_bf16_v32 = 32,
-        ],
+        forward: [softmax_bf16_v8 = 8, softmax_bf16_v16 = 16, softmax_bf16_v32 = 32],
+        forward_block: [softmax_block_bf16_v16 = 16],
         forward_long: softmax_long_bf16,
-        backward: [
-            softmax_backward_bf16_v8 = 8,
-            softmax_backward_bf16_v16 = 16,
-            softmax_backward_bf16_v32 = 32,
-        ],
+        backward: [softmax_backward_bf16_v8 = 8, softmax_backward_bf16_v16 = 16, softmax_backward_bf16_v32 = 32],
+        backward_block: [softmax_backward_block_bf16_v16 = 16],
         backward_long: softmax_backward_long_bf16,
     }
 }

@@ -1,8 +1,10 @@
 //! Softmax along the last axis, `softmax(scale * x + mask)`, and its backward. CPU and CUDA
 //! halves side by side.
 //!
-//! On CUDA each is one kernel, one warp per row: rows of up to 4096 values stay in registers
-//! (one read of `x` and the mask, one write), longer rows are read twice. The exponentials are
+//! On CUDA each is one kernel, and rows of up to 16384 values stay in registers (one read of `x`
+//! and the mask, one write): rows of up to 1024 values one warp per row, longer ones one thread
+//! block per row (16 values a thread, the block sized to the row, the maximum and sums reduced
+//! through shared memory). Longer rows are read twice. The exponentials are
 //! `ex2.approx` with the row maximum subtracted, so the result is within a few units in the last
 //! place of f32 plus the rounding of `scale * x + mask` itself. The CPU half rounds
 //! `scale * x + mask` the same way and does the rest in f64.
@@ -12,10 +14,10 @@ use super::reduce::cuda_device;
 use crate::cuda::{CudaDevice, KernelArg, LaunchConfig};
 use crate::dtype::{Accumulator, with_element_type};
 use crate::{Device, Element, Error, Result, Tensor};
-use opsmith_kernels::names::ALL_SOFTMAX;
+use opsmith_kernels::names::{ALL_SOFTMAX, RowLaunch};
 
 /// Threads per block of the one-warp-per-row kernels: small, so that kernels holding a row in
-/// up to 255 registers a thread still fit several blocks on a multiprocessor.
+/// many registers a thread still fit several blocks on a multiprocessor.
 const ROW_BLOCK: u32 = 128;
 
 /// Launches a one-warp-per-row kernel over `rows` rows, one wave of resident blocks that loop
@@ -29,6 +31,26 @@ pub(super) unsafe fn launch_rows(device: &CudaDevice, name: &str, rows: usize, a
     let cfg = LaunchConfig::grid_stride(&kernel, rows as u64 * 32, ROW_BLOCK)?;
     // SAFETY: forwarded from the caller.
     unsafe { kernel.launch(&device.current_stream(), cfg, args) }
+}
+
+/// Launches a softmax kernel over `rows` rows as the table's [`RowLaunch`] says: one warp per
+/// row as [`launch_rows`] does, or one block of the given size per row, one wave of resident
+/// blocks that loop over the rows.
+///
+/// # Safety
+/// As for [`launch_rows`].
+unsafe fn launch_softmax(device: &CudaDevice, launch: RowLaunch, rows: usize, args: &[KernelArg<'_>]) -> Result<()> {
+    match launch {
+        // SAFETY: forwarded from the caller.
+        RowLaunch::Warp(name) => unsafe { launch_rows(device, name, rows, args) },
+        RowLaunch::Block { name, block } => {
+            let kernel = device.kernels()?.kernel(name)?;
+            let cfg = LaunchConfig::grid_stride(&kernel, rows as u64 * block as u64, block)?;
+            // SAFETY: forwarded from the caller; the block size is the one the table chose for
+            // this row length, so the row fits the block.
+            unsafe { kernel.launch(&device.current_stream(), cfg, args) }
+        }
+    }
 }
 
 /// A row's maximum to subtract and its sum of `exp(z - max)`, in f64, with the kernels'
@@ -112,8 +134,8 @@ pub fn softmax(x: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> 
             ];
             // SAFETY: softmax kernels take (x, mask, out, rows, cols, mask_rows, scale); x and out
             // hold rows * cols elements, the mask mask_rows * cols (or is null with mask_rows 0),
-            // and `forward_for` picks a kernel whose row capacity covers `cols`.
-            unsafe { launch_rows(&cuda_device(x)?, table.forward_for(cols as u64), rows, &args)? };
+            // and `forward_for` picks a kernel (and block size) whose row capacity covers `cols`.
+            unsafe { launch_softmax(&cuda_device(x)?, table.forward_for(cols as u64), rows, &args)? };
             Ok(out)
         }
     }
@@ -179,8 +201,9 @@ pub fn softmax_backward(g: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
                 KernelArg::F32(scale as f32),
             ];
             // SAFETY: softmax backward kernels take (g, y, gx, rows, cols, scale); all three hold
-            // rows * cols elements, and `backward_for` picks a kernel whose capacity covers `cols`.
-            unsafe { launch_rows(&cuda_device(y)?, table.backward_for(cols as u64), rows, &args)? };
+            // rows * cols elements, and `backward_for` picks a kernel (and block size) whose
+            // capacity covers `cols`.
+            unsafe { launch_softmax(&cuda_device(y)?, table.backward_for(cols as u64), rows, &args)? };
             Ok(out)
         }
     }

@@ -12,8 +12,10 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 pub const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
 
 /// Row lengths: below, at and above a warp and a 16-byte pack; at and around each register
-/// capacity of the CUDA kernels (256 to 4096 values a row), and past it (the two-pass kernels).
-pub const COLS: [usize; 16] = [1, 3, 8, 31, 32, 33, 255, 256, 257, 1000, 1024, 2048, 2049, 4096, 4097, 9000];
+/// capacity of the CUDA kernels (256 to 1024 values a row in one warp, then blocks of 32 to
+/// 1024 threads holding 512 values a warp, up to 16384), and past it (the two-pass kernels).
+pub const COLS: [usize; 20] =
+    [1, 3, 8, 31, 32, 33, 255, 256, 257, 1000, 1024, 1025, 1537, 2048, 2049, 4095, 4096, 9000, 16384, 16385];
 
 /// The f32 unit roundoff: the scale of every arithmetic error below.
 const U: f64 = f32::EPSILON as f64 / 2.0;

@@ -46,6 +46,16 @@ impl GridStride {
         // from looping forever.
         Self { next: global_thread_index() / 32, end, step: (grid_thread_count() / 32).max(1) }
     }
+
+    /// Block-stride iteration over `0..end`: block `b` of the `B` blocks in the grid visits
+    /// `b, b + B, b + 2B, …`, every thread of a block the same indices, so the block reaches
+    /// each barrier together and a grid of any size covers each index once (one row per block).
+    #[inline(always)]
+    pub fn over_blocks(end: u64) -> Self {
+        // SAFETY: reading the special registers has no preconditions.
+        let (block, blocks) = unsafe { (nvptx::_block_idx_x() as u64, nvptx::_grid_dim_x() as u64) };
+        Self { next: block, end, step: blocks }
+    }
 }
 
 impl Iterator for GridStride {

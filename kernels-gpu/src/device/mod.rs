@@ -8,11 +8,14 @@
 //! * [`element`]: the storage dtypes (f32, f16, bf16) and their conversions to f32.
 //! * [`elementwise`]: the driver that streams N inputs to M outputs through a per-element closure.
 //! * [`warp`]: warp-level sums and maxima by register shuffles (no shared memory).
-//! * [`rows`]: one warp per row: which values of the row each lane holds, and their loads and
-//!   stores.
+//! * [`block`]: block-level sums and maxima: shuffles within each warp, then 256 bytes of shared
+//!   memory across the warps, one barrier per reduction, reusable in a loop.
+//! * [`rows`]: one warp or one block per row: which values of the row each thread holds, and
+//!   their loads and stores.
 //! * [`unroll`]: loops expanded into straight-line code, so arrays indexed by them stay in
 //!   registers.
 //! * [`logsumexp`]: a row's maximum and sum of exponentials, for softmax and cross-entropy.
+pub mod block;
 pub mod element;
 pub mod elementwise;
 pub mod index;

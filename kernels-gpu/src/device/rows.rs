@@ -7,6 +7,11 @@
 //! contiguous bytes; otherwise lane `l` holds values `l, l + 32, l + 64, …`, one scalar load per
 //! slot, still coalesced across the warp. A row of at most `32 * V` values is one tile, which a
 //! kernel can keep in registers between its passes.
+//!
+//! A row held by a whole block (one block per row, rows from
+//! [`GridStride::over_blocks`](super::index::GridStride::over_blocks)) is tiled the same way,
+//! warp `w` of the block holding tile `w`: every offset inside a thread's share stays a
+//! constant, as for one warp, and only the tile index depends on the warp.
 use super::element::Element;
 use super::memory::{is_pack_aligned, load_pack, store_pack};
 use super::unroll::{Count, Unrolled, from_fn, unroll};
