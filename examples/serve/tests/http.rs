@@ -39,7 +39,10 @@ fn row(i: usize, r: usize) -> Vec<f32> {
 async fn start(config: Config) -> (String, Vec<(Vec<f64>, Vec<f64>)>) {
     let device = Device::cuda_if_available();
     let mlp = Mlp::new(&Tape::new(), &SIZES, Activation::Relu, DType::F32, device, 9).unwrap();
-    let dir = std::env::temp_dir().join(format!("opsmith-serve-test-{}", std::process::id()));
+    // One file per server: the tests run in parallel, and one must not read another's half-written file.
+    static SERVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let server = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("opsmith-serve-test-{}-{server}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("mlp.safetensors");
     mlp.save_safetensors(&path).unwrap();
