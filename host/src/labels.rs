@@ -114,6 +114,7 @@ impl Labels {
                     .raw()
                     .memcpy_dtoh(&values.values, &mut out)
                     .map_err(|e| device.driver_error("copying labels to the host", e))?;
+                values.uses.read_done(&stream)?;
                 stream.synchronize()?;
                 Ok(out)
             }
@@ -137,6 +138,8 @@ impl Labels {
         values.uses.read_on(stream)?;
         // Event tracking is off for opsmith's contexts: this only reads the address.
         let (ptr, _no_event) = values.values.device_ptr(stream.raw());
-        f(ptr)
+        let result = f(ptr);
+        values.uses.read_done(stream)?;
+        result
     }
 }

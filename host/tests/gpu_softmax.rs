@@ -35,6 +35,8 @@ fn many_rows_case(
     mask_rows: usize,
     offset: usize,
 ) -> Result<()> {
+    // The mask must be x's trailing dims: x is [rows / mask_rows, mask_rows, cols].
+    let rows = rows - rows % mask_rows;
     let n = rows * cols;
     let what = format!("{dtype} [{rows}, {cols}], mask [{mask_rows}, {cols}], offset {offset}");
     let x = random_values(rng, n, dtype);
@@ -43,7 +45,7 @@ fn many_rows_case(
     if mask_rows > 1 {
         mask[cols..2 * cols].iter_mut().for_each(|m| *m = f64::NEG_INFINITY);
     }
-    let xt = tensor_at(&x, &[rows, cols], offset, dtype, GPU)?;
+    let xt = tensor_at(&x, &[rows / mask_rows, mask_rows, cols], offset, dtype, GPU)?;
     let mt = tensor_at(&mask, &[mask_rows, cols], offset, dtype, GPU)?;
     poison_pool(n, dtype)?;
     let y = ops::softmax(&xt, 0.5, Some(&mt))?.to_vec_f64()?;

@@ -110,6 +110,11 @@ impl Stream {
         self.wait_raw(other).map_err(|source| self.device.driver_error("cuStreamWaitEvent", source))
     }
 
+    /// Makes the work queued on this stream from now on wait for `event`.
+    pub(crate) fn wait_event(&self, event: &CudaEvent) -> Result<()> {
+        self.inner.wait(event).map_err(|source| self.device.driver_error("cuStreamWaitEvent", source))
+    }
+
     pub(crate) fn wait_raw(&self, other: &Stream) -> std::result::Result<(), DriverError> {
         let marker = other.inner.record_event(None)?;
         self.inner.wait(&marker)

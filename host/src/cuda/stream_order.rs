@@ -3,13 +3,17 @@
 //! cudarc can record an event on every use of every buffer (its event tracking). opsmith turns
 //! that off and tracks uses itself, per allocation: which stream wrote it last and which other
 //! streams have read it since. On one stream, which is the common case, a use then costs no
-//! driver call at all; only a use from a second stream records an event (on the stream it must
-//! wait for, at that moment) and waits for it. An event recorded later than the use it stands
-//! for covers that use and whatever the stream queued after it, so the wait is never too short,
-//! only sometimes longer than needed.
+//! driver call at all. A read from another stream waits for the writer (through an event
+//! recorded on the writer's stream at that moment, which covers the write and whatever that
+//! stream queued after it: never too short a wait, only sometimes a longer one) and records an
+//! event of its own, which a later write, or the free, waits for. Readers are held by their
+//! events and a weak reference, so a tensor read from many short-lived streams does not keep
+//! them alive (nor their cuBLAS handles).
 use super::Stream;
 use crate::Result;
+use cudarc::driver::{CudaEvent, CudaStream};
 use parking_lot::Mutex;
+use std::sync::{Arc, Weak};
 
 /// The streams that have used one device allocation: see the module docs.
 pub(crate) struct StreamUses {
@@ -22,8 +26,14 @@ struct Uses {
     /// The stream of the last write (at first, the stream the memory was allocated on: memory
     /// from a stream-ordered allocator is usable in that stream's order).
     writer: Stream,
-    /// Streams other than `writer` that have read since the last write and waited for it.
-    readers: Vec<Stream>,
+    /// Streams other than `writer` that have read since the last write (and waited for it),
+    /// each with an event recorded after its latest read. The weak reference only identifies
+    /// the stream: while it is held, no new stream can have the same address.
+    readers: Vec<(Weak<CudaStream>, CudaEvent)>,
+}
+
+fn is(reader: &Weak<CudaStream>, stream: &Stream) -> bool {
+    std::ptr::eq(reader.as_ptr(), Arc::as_ptr(stream.raw()))
 }
 
 impl StreamUses {
@@ -32,14 +42,36 @@ impl StreamUses {
         Self { home: home.clone(), state: Mutex::new(Uses { writer: home.clone(), readers: Vec::new() }) }
     }
 
-    /// Orders the work `stream` queues next after the last write, and notes the read.
+    /// Orders the work `stream` queues next after the last write. Call
+    /// [`read_done`](Self::read_done) once that work is queued.
     pub(crate) fn read_on(&self, stream: &Stream) -> Result<()> {
-        let mut uses = self.state.lock();
-        if uses.writer.same_as(stream) || uses.readers.iter().any(|r| r.same_as(stream)) {
+        let uses = self.state.lock();
+        if uses.writer.same_as(stream) || uses.readers.iter().any(|(r, _)| is(r, stream)) {
             return Ok(());
         }
-        stream.wait_for_now(&uses.writer)?;
-        uses.readers.push(stream.clone());
+        stream.wait_for_now(&uses.writer)
+    }
+
+    /// Notes a read queued on `stream` (after [`read_on`](Self::read_on)), so that a later write
+    /// or the free waits for it.
+    pub(crate) fn read_done(&self, stream: &Stream) -> Result<()> {
+        let mut uses = self.state.lock();
+        if uses.writer.same_as(stream) {
+            return Ok(());
+        }
+        let record = |event: &CudaEvent| {
+            event.record(stream.raw()).map_err(|source| stream.device().driver_error("cuEventRecord", source))
+        };
+        if let Some((_, event)) = uses.readers.iter().find(|(r, _)| is(r, stream)) {
+            return record(event);
+        }
+        let event = stream
+            .device()
+            .context()
+            .new_event(None)
+            .map_err(|source| stream.device().driver_error("cuEventCreate", source))?;
+        record(&event)?;
+        uses.readers.push((Arc::downgrade(stream.raw()), event));
         Ok(())
     }
 
@@ -50,8 +82,8 @@ impl StreamUses {
         if !uses.writer.same_as(stream) {
             stream.wait_for_now(&uses.writer)?;
         }
-        for reader in uses.readers.iter().filter(|r| !r.same_as(stream)) {
-            stream.wait_for_now(reader)?;
+        for (_, event) in uses.readers.iter().filter(|(r, _)| !is(r, stream)) {
+            stream.wait_event(event)?;
         }
         uses.readers.clear();
         uses.writer = stream.clone();
@@ -65,9 +97,12 @@ impl StreamUses {
     pub(crate) fn before_free(&self) {
         let home = &self.home;
         let uses = self.state.lock();
-        let others = std::iter::once(&uses.writer).chain(&uses.readers).filter(|s| !s.same_as(home));
-        for other in others {
-            home.device().context().record_err(home.wait_raw(other));
+        let context = home.device().context();
+        if !uses.writer.same_as(home) {
+            context.record_err(home.wait_raw(&uses.writer));
+        }
+        for (_, event) in uses.readers.iter().filter(|(r, _)| !is(r, home)) {
+            context.record_err(home.raw().wait(event));
         }
     }
 }

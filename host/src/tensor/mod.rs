@@ -450,6 +450,7 @@ impl Tensor {
                     .raw()
                     .memcpy_dtoh(&view, bytemuck::cast_slice_mut::<T, u8>(&mut out))
                     .map_err(|e| device.driver_error("copying device to host", e))?;
+                uses.read_done(&stream)?;
                 stream.synchronize()?;
                 Ok(out)
             }
@@ -596,6 +597,7 @@ impl Tensor {
                     .raw()
                     .memcpy_dtod(&src_view, &mut dst_view)
                     .map_err(|e| device.driver_error("copying device to device", e))?;
+                src_uses.read_done(&stream)?;
                 self.storage.bump_version();
                 Ok(())
             }

@@ -164,6 +164,11 @@ pub(crate) fn with_cuda_ptrs<R>(
     let read_ptrs: Vec<u64> = reads.iter().map(|t| address(t)).collect();
     let write_ptrs: Vec<u64> = writes.iter().map(|t| address(t)).collect();
     let result = f(&read_ptrs, &write_ptrs);
+    for (_, storage, write) in &storages {
+        if let (false, StorageData::Cuda { uses, .. }) = (*write, &storage.data) {
+            uses.read_done(stream)?;
+        }
+    }
     drop(guards);
     result
 }
@@ -250,6 +255,7 @@ pub(crate) fn copy_to_peer(src: &Tensor, dst: &Tensor) -> Result<()> {
     let copied = dst_stream.raw().record_event(None).map_err(dst_err("cuEventRecord"))?;
     // `src`'s read is noted on its own stream, which from here on also waits for the copy.
     src_stream.raw().wait(&copied).map_err(src_err("cuStreamWaitEvent"))?;
+    src_uses.read_done(&src_stream)?;
     drop((src_guard, dst_guard));
     dst.storage.bump_version();
     Ok(())
