@@ -13,6 +13,7 @@
 //! cargo run --release --example bandwidth -- --softmax         # the softmax section only
 //! cargo run --release --example bandwidth -- --out DIR         # bandwidth.csv, bandwidth.svg in DIR
 //! cargo run --release --example bandwidth -- --ptx other.ptx   # also time other PTX builds of the kernels
+//! cargo run --release --example bandwidth -- --ptx other.ptx --grid cover/1   # at one grid shape
 //! ```
 use opsmith::autograd::{self, Tape};
 use opsmith::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, KernelModule, LaunchConfig};
@@ -72,8 +73,13 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     // `--ptx FILE`, as often as wanted.
-    let extra_ptx: Vec<String> =
-        args.iter().zip(args.iter().skip(1)).filter(|(flag, _)| *flag == "--ptx").map(|(_, f)| f.clone()).collect();
+    let repeated = |name: &str| -> Vec<String> {
+        args.iter().zip(args.iter().skip(1)).filter(|(flag, _)| *flag == name).map(|(_, f)| f.clone()).collect()
+    };
+    let extra_ptx = repeated("--ptx");
+    // `--grid SHAPE` (wave, cover/1, cover/2, cover/4), as often as wanted: the grid shapes
+    // `--ptx` times; all four when not given.
+    let grids = repeated("--grid");
     let device = Device::cuda_if_available();
     let Device::Cuda(ordinal) = device else {
         println!(
@@ -158,7 +164,7 @@ fn main() -> Result<()> {
             );
             for path in &extra_ptx {
                 if dtype != DType::BF16 {
-                    other_ptx_rows(&dev, device, path, dtype, &t, [&o1, &o2], &mut row)?;
+                    other_ptx_rows(&dev, device, path, &grids, dtype, &t, [&o1, &o2], &mut row)?;
                 }
             }
         }
@@ -220,10 +226,12 @@ fn main() -> Result<()> {
 /// (`--ptx FILE`), at four grid shapes: one wave of resident blocks that grid-stride
 /// (`LaunchConfig::grid_stride`), and grids that cover every 16-byte pack with 1 (what opsmith
 /// launches, `LaunchConfig::covering`), 2 or 4 packs a thread.
+#[allow(clippy::too_many_arguments)]
 fn other_ptx_rows(
     dev: &CudaDevice,
     device: Device,
     path: &str,
+    grids: &[String],
     dtype: DType,
     t: &[Tensor],
     [o1, o2]: [&Tensor; 2],
@@ -244,7 +252,8 @@ fn other_ptx_rows(
             grid: u32::try_from(packs.div_ceil(DEFAULT_BLOCK as u64 * per_thread)).unwrap_or(u32::MAX),
             ..wave
         };
-        for (shape, cfg) in [("wave", wave), ("cover/1", cover(1)), ("cover/2", cover(2)), ("cover/4", cover(4))] {
+        let shapes = [("wave", wave), ("cover/1", cover(1)), ("cover/2", cover(2)), ("cover/4", cover(4))];
+        for (shape, cfg) in shapes.into_iter().filter(|(s, _)| grids.is_empty() || grids.iter().any(|g| g == s)) {
             let ms = time_ms(dev, || {
                 let args: Vec<KernelArg> = if values == 4.0 {
                     vec![
@@ -369,7 +378,9 @@ fn plot(
 }
 
 /// Host time per op and per tape step at n = 1024, where launch and bookkeeping dominate:
-/// `ITER` calls back to back, one synchronize at the end, wall time divided by `ITER`.
+/// `ITER` calls back to back, one synchronize at the end, wall time divided by `ITER`. The first
+/// rows split an op's cost into its parts: a launch with no tensor arguments, an allocation
+/// with its free, and a fill.
 fn small_tensor_overhead(dev: &CudaDevice, device: Device) -> Result<()> {
     const ITER: u32 = 2000;
     let n = 1024;
@@ -387,6 +398,12 @@ fn small_tensor_overhead(dev: &CudaDevice, device: Device) -> Result<()> {
         dev.synchronize()?;
         Ok(start.elapsed().as_secs_f64() * 1e6 / ITER as f64)
     };
+    let spin = dev.kernels()?.kernel(opsmith::kernels::names::SPIN)?;
+    let stream = dev.current_stream();
+    let one_warp = LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 };
+    // SAFETY: `spin_ns(ns: u64)` takes one 64-bit parameter and touches no memory.
+    let launch = per_call_us(&mut || unsafe { spin.launch(&stream, one_warp, &[KernelArg::U64(0)]) })?;
+    let fill = per_call_us(&mut || Tensor::full(1.0, [n], DType::F32, device).map(drop))?;
     let into = per_call_us(&mut || ops::fused_mul_add_into(&t[0], &t[1], &t[2], &out))?;
     let alloc = per_call_us(&mut || ops::fused_mul_add(&t[0], &t[1], &t[2]).map(drop))?;
     let step = per_call_us(&mut || {
@@ -400,8 +417,10 @@ fn small_tensor_overhead(dev: &CudaDevice, device: Device) -> Result<()> {
     println!("\nhost overhead at n = 1024, f32 (wall time per call, {ITER} calls, one synchronize):");
     println!("| what | µs per call |");
     println!("|---|---|");
+    println!("| launch of an empty kernel, no tensor arguments | {launch:.2} |");
+    println!("| Tensor::full (allocate, fill, free) | {fill:.2} |");
     println!("| fused_mul_add_into (output given) | {into:.2} |");
     println!("| fused_mul_add (allocates its output) | {alloc:.2} |");
-    println!("| tape step: add_mul, sum, backward (4 launches, 1 memset) | {step:.2} |");
+    println!("| tape step: add_mul, sum, backward (3 launches, 4 allocations) | {step:.2} |");
     Ok(())
 }

@@ -19,7 +19,7 @@
 //! # Ok(()) }
 //! ```
 use crate::Result;
-use crate::tape::{Var, tracking};
+use crate::tape::{Grad, Like, Var, tracking};
 use opsmith_host::{Labels, Tensor, ops as host};
 
 /// Returns the output as a constant when nothing is tracked, else records it.
@@ -30,6 +30,11 @@ macro_rules! record_or_constant {
             Some($tape) => Ok($record),
         }
     };
+}
+
+/// `t * v` as a gradient, when `t` was saved (its partner needs a gradient).
+fn scaled(t: Option<Tensor>, v: f64) -> Result<Option<Grad>> {
+    Ok(t.map(|t| host::scale(&t, v)).transpose()?.map(Grad::Tensor))
 }
 
 /// The value saved for an input's partner when that input needs a gradient.
@@ -58,8 +63,17 @@ fn saved_refs(saved: &[&Option<Tensor>]) -> Vec<Tensor> {
 /// ```
 pub fn add(a: &Var, b: &Var) -> Result<Var> {
     let out = host::add(a.value(), b.value())?;
-    record_or_constant!("add", &[a, b], out, |tape| tape
-        .record("add", &[a, b], out, &[], |g| { Ok(vec![Some(g.clone()), Some(g.clone())]) }))
+    record_or_constant!("add", &[a, b], out, |tape| {
+        let like = Like::of(&out);
+        tape.record_with_uniform(
+            "add",
+            &[a, b],
+            out,
+            &[],
+            |g| Ok(vec![Some(g.clone()), Some(g.clone())]),
+            move |v| Ok(vec![Some(Grad::uniform(v, &like)), Some(Grad::uniform(v, &like))]),
+        )
+    })
 }
 
 /// `a - b`. Backward: `ga = g`, `gb = -g`.
@@ -78,9 +92,17 @@ pub fn add(a: &Var, b: &Var) -> Result<Var> {
 pub fn sub(a: &Var, b: &Var) -> Result<Var> {
     let out = host::sub(a.value(), b.value())?;
     let b_needs = b.requires_grad();
-    record_or_constant!("sub", &[a, b], out, |tape| tape.record("sub", &[a, b], out, &[], move |g| {
-        Ok(vec![Some(g.clone()), if b_needs { Some(host::neg(g)?) } else { None }])
-    }))
+    record_or_constant!("sub", &[a, b], out, |tape| {
+        let like = Like::of(&out);
+        tape.record_with_uniform(
+            "sub",
+            &[a, b],
+            out,
+            &[],
+            move |g| Ok(vec![Some(g.clone()), if b_needs { Some(host::neg(g)?) } else { None }]),
+            move |v| Ok(vec![Some(Grad::uniform(v, &like)), Some(Grad::uniform(-v, &like))]),
+        )
+    })
 }
 
 /// `a * b`. Backward: `ga = g * b`, `gb = g * a`.
@@ -102,9 +124,18 @@ pub fn mul(a: &Var, b: &Var) -> Result<Var> {
     record_or_constant!("mul", &[a, b], out, |tape| {
         let (saved_b, saved_a) = (save_if(a.requires_grad(), b.value()), save_if(b.requires_grad(), a.value()));
         let keep = saved_refs(&[&saved_a, &saved_b]);
-        tape.record("mul", &[a, b], out, &keep.iter().collect::<Vec<_>>(), move |g| {
-            Ok(vec![saved_b.map(|b| host::mul(g, &b)).transpose()?, saved_a.map(|a| host::mul(g, &a)).transpose()?])
-        })
+        let (uniform_b, uniform_a) = (saved_b.clone(), saved_a.clone());
+        tape.record_with_uniform(
+            "mul",
+            &[a, b],
+            out,
+            &keep.iter().collect::<Vec<_>>(),
+            move |g| {
+                Ok(vec![saved_b.map(|b| host::mul(g, &b)).transpose()?, saved_a.map(|a| host::mul(g, &a)).transpose()?])
+            },
+            // g * b for a uniform g is one scaling kernel, with no gradient tensor to fill.
+            move |v| Ok(vec![scaled(uniform_b, v)?, scaled(uniform_a, v)?]),
+        )
     })
 }
 
@@ -140,8 +171,17 @@ pub fn neg(x: &Var) -> Result<Var> {
 /// ```
 pub fn scale(x: &Var, alpha: f64) -> Result<Var> {
     let out = host::scale(x.value(), alpha)?;
-    record_or_constant!("scale", &[x], out, |tape| tape
-        .record("scale", &[x], out, &[], move |g| { Ok(vec![Some(host::scale(g, alpha)?)]) }))
+    record_or_constant!("scale", &[x], out, |tape| {
+        let like = Like::of(&out);
+        tape.record_with_uniform(
+            "scale",
+            &[x],
+            out,
+            &[],
+            move |g| Ok(vec![Some(host::scale(g, alpha)?)]),
+            move |v| Ok(vec![Some(Grad::uniform(v * alpha, &like))]),
+        )
+    })
 }
 
 /// `x + beta` for a scalar. Backward: `g`.
@@ -160,8 +200,17 @@ pub fn scale(x: &Var, alpha: f64) -> Result<Var> {
 /// ```
 pub fn add_scalar(x: &Var, beta: f64) -> Result<Var> {
     let out = host::add_scalar(x.value(), beta)?;
-    record_or_constant!("add_scalar", &[x], out, |tape| tape
-        .record("add_scalar", &[x], out, &[], |g| { Ok(vec![Some(g.clone())]) }))
+    record_or_constant!("add_scalar", &[x], out, |tape| {
+        let like = Like::of(&out);
+        tape.record_with_uniform(
+            "add_scalar",
+            &[x],
+            out,
+            &[],
+            |g| Ok(vec![Some(g.clone())]),
+            move |v| Ok(vec![Some(Grad::uniform(v, &like))]),
+        )
+    })
 }
 
 /// The sum of all elements (shape `[]`). Backward: `g` broadcast to `x`'s shape.
@@ -182,7 +231,15 @@ pub fn sum(x: &Var) -> Result<Var> {
     let out = host::sum(x.value())?;
     record_or_constant!("sum", &[x], out, |tape| {
         let shape = x.value().shape().clone();
-        tape.record("sum", &[x], out, &[], move |g| Ok(vec![Some(host::expand_scalar(g, shape, 1.0)?)]))
+        let like = Like::of(x.value());
+        tape.record_with_uniform(
+            "sum",
+            &[x],
+            out,
+            &[],
+            move |g| Ok(vec![Some(host::expand_scalar(g, shape, 1.0)?)]),
+            move |v| Ok(vec![Some(Grad::uniform(v, &like))]),
+        )
     })
 }
 
@@ -205,7 +262,15 @@ pub fn mean(x: &Var) -> Result<Var> {
     let n = x.value().elem_count() as f64;
     record_or_constant!("mean", &[x], out, |tape| {
         let shape = x.value().shape().clone();
-        tape.record("mean", &[x], out, &[], move |g| Ok(vec![Some(host::expand_scalar(g, shape, 1.0 / n)?)]))
+        let like = Like::of(x.value());
+        tape.record_with_uniform(
+            "mean",
+            &[x],
+            out,
+            &[],
+            move |g| Ok(vec![Some(host::expand_scalar(g, shape, 1.0 / n)?)]),
+            move |v| Ok(vec![Some(Grad::uniform(v / n, &like))]),
+        )
     })
 }
 
@@ -231,13 +296,21 @@ pub fn fused_mul_add(a: &Var, b: &Var, c: &Var) -> Result<Var> {
     record_or_constant!("fused_mul_add", &[a, b, c], out, |tape| {
         let (saved_b, saved_a) = (save_if(a.requires_grad(), b.value()), save_if(b.requires_grad(), a.value()));
         let keep = saved_refs(&[&saved_a, &saved_b]);
-        tape.record("fused_mul_add", &[a, b, c], out, &keep.iter().collect::<Vec<_>>(), move |g| {
-            Ok(vec![
-                saved_b.map(|b| host::mul(g, &b)).transpose()?,
-                saved_a.map(|a| host::mul(g, &a)).transpose()?,
-                Some(g.clone()),
-            ])
-        })
+        let (uniform_b, uniform_a, like) = (saved_b.clone(), saved_a.clone(), Like::of(&out));
+        tape.record_with_uniform(
+            "fused_mul_add",
+            &[a, b, c],
+            out,
+            &keep.iter().collect::<Vec<_>>(),
+            move |g| {
+                Ok(vec![
+                    saved_b.map(|b| host::mul(g, &b)).transpose()?,
+                    saved_a.map(|a| host::mul(g, &a)).transpose()?,
+                    Some(g.clone()),
+                ])
+            },
+            move |v| Ok(vec![scaled(uniform_b, v)?, scaled(uniform_a, v)?, Some(Grad::uniform(v, &like))]),
+        )
     })
 }
 
@@ -272,19 +345,44 @@ pub fn add_mul(x: &Var, y: &Var, w: &Var) -> Result<Var> {
         let saved_x = save_if(w_need, x.value());
         let saved_y = save_if(w_need, y.value());
         let keep = saved_refs(&[&saved_x, &saved_y, &saved_w]);
-        tape.record("add_mul", &[x, y, w], out, &keep.iter().collect::<Vec<_>>(), move |g| {
-            let (gxy, gw) = match (saved_x, saved_y, saved_w) {
-                (Some(x), Some(y), Some(w)) => {
-                    let (gxy, gw) = host::add_mul_backward(g, &x, &y, &w)?;
-                    (Some(gxy), Some(gw))
-                }
-                (_, _, Some(w)) => (Some(host::mul(g, &w)?), None),
-                // (x + y) * g is the forward's own fused kernel.
-                (Some(x), Some(y), None) => (None, Some(host::add_mul(&x, &y, g)?)),
-                _ => (None, None),
-            };
-            Ok(vec![gxy.clone().filter(|_| x_need), gxy.filter(|_| y_need), gw])
-        })
+        let saved = (saved_x, saved_y, saved_w);
+        let uniform_saved = saved.clone();
+        let like = Like::of(&out);
+        tape.record_with_uniform(
+            "add_mul",
+            &[x, y, w],
+            out,
+            &keep.iter().collect::<Vec<_>>(),
+            move |g| {
+                let (gxy, gw) = match saved {
+                    (Some(x), Some(y), Some(w)) => {
+                        let (gxy, gw) = host::add_mul_backward(g, &x, &y, &w)?;
+                        (Some(gxy), Some(gw))
+                    }
+                    (_, _, Some(w)) => (Some(host::mul(g, &w)?), None),
+                    // (x + y) * g is the forward's own fused kernel.
+                    (Some(x), Some(y), None) => (None, Some(host::add_mul(&x, &y, g)?)),
+                    _ => (None, None),
+                };
+                Ok(vec![gxy.clone().filter(|_| x_need), gxy.filter(|_| y_need), gw])
+            },
+            // A uniform g (under a sum or mean) is a kernel parameter: no gradient tensor to fill
+            // or read.
+            move |v| {
+                let (gxy, gw) = match uniform_saved {
+                    (Some(x), Some(y), Some(w)) => {
+                        let (gxy, gw) = host::add_mul_backward_uniform(v, &x, &y, &w)?;
+                        (Some(gxy), Some(gw))
+                    }
+                    (_, _, Some(w)) => (Some(host::scale(&w, v)?), None),
+                    (Some(x), Some(y), None) => (None, Some(host::add_mul(&x, &y, &like.fill(v)?)?)),
+                    _ => (None, None),
+                };
+                let gxy = gxy.map(Grad::Tensor);
+                let gw = gw.map(Grad::Tensor);
+                Ok(vec![gxy.as_ref().filter(|_| x_need).map(Grad::share), gxy.filter(|_| y_need), gw])
+            },
+        )
     })
 }
 

@@ -1,6 +1,6 @@
 //! The tape: variables, recorded nodes, backward, and the no-grad switch.
 use crate::{Error, Result};
-use opsmith_host::{Tensor, ops};
+use opsmith_host::{DType, Device, Shape, Tensor, ops};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -162,6 +162,83 @@ impl Var {
 /// What backward needs of one recorded op.
 type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send>;
 
+/// A cheaper backward for when the output's gradient is one value everywhere: it gets that
+/// value and may hand on uniform gradients, which cost no device work.
+type UniformBackwardFn = Box<dyn FnOnce(f64) -> Result<Vec<Option<Grad>>> + Send>;
+
+/// A gradient while backward runs: a tensor, or one value everywhere, known on the host.
+///
+/// `backward` seeds the loss with a uniform 1, and the ops that pass a uniform gradient on as
+/// uniform gradients (`sum`, `mean`, `scale`, `add`, …) do so without touching the device. A
+/// node that needs the gradient as a tensor gets one filled in (one memset on CUDA); at the
+/// end, so does every leaf. In a step like `sum((x + y) * w).backward()` this saves the seed's
+/// fill, `sum`'s broadcast kernel, and the read of a gradient tensor in `add_mul`'s backward.
+/// A uniform value is kept in f64 until it is filled in or passed to a kernel (as f32), so in
+/// f16 or bf16 a scaled uniform gradient (`mean`'s `1/n`) can be one rounding more accurate
+/// than the same gradient carried as a tensor.
+pub(crate) enum Grad {
+    Tensor(Tensor),
+    Uniform(Uniform),
+}
+
+/// `value` in every element of a tensor shaped like `like`.
+#[derive(Clone, Debug)]
+pub(crate) struct Uniform {
+    value: f64,
+    like: Like,
+}
+
+/// The shape, dtype and device of a tensor, without holding its memory.
+#[derive(Clone, Debug)]
+pub(crate) struct Like {
+    shape: Shape,
+    dtype: DType,
+    device: Device,
+}
+
+impl Like {
+    pub(crate) fn of(t: &Tensor) -> Like {
+        Like { shape: t.shape().clone(), dtype: t.dtype(), device: t.device() }
+    }
+
+    /// A tensor of this shape, dtype and device holding `value` everywhere.
+    pub(crate) fn fill(&self, value: f64) -> Result<Tensor> {
+        Ok(Tensor::full(value, self.shape.clone(), self.dtype, self.device)?)
+    }
+}
+
+impl Grad {
+    pub(crate) fn uniform(value: f64, like: &Like) -> Grad {
+        Grad::Uniform(Uniform { value, like: like.clone() })
+    }
+
+    /// The same gradient again; a tensor is shared, not copied.
+    pub(crate) fn share(&self) -> Grad {
+        match self {
+            Grad::Tensor(t) => Grad::Tensor(t.clone()),
+            Grad::Uniform(u) => Grad::Uniform(u.clone()),
+        }
+    }
+
+    fn into_tensor(self) -> Result<Tensor> {
+        match self {
+            Grad::Tensor(t) => Ok(t),
+            Grad::Uniform(u) => u.like.fill(u.value),
+        }
+    }
+
+    /// The sum of two gradients of one variable: uniform if both are, else one kernel.
+    fn accumulate(self, other: Grad) -> Result<Grad> {
+        Ok(Grad::Tensor(match (self, other) {
+            (Grad::Uniform(a), Grad::Uniform(b)) => {
+                return Ok(Grad::Uniform(Uniform { value: a.value + b.value, ..a }));
+            }
+            (Grad::Tensor(t), Grad::Uniform(u)) | (Grad::Uniform(u), Grad::Tensor(t)) => ops::add_scalar(&t, u.value)?,
+            (Grad::Tensor(a), Grad::Tensor(b)) => ops::add(&a, &b)?,
+        }))
+    }
+}
+
 struct Node {
     op: String,
     /// One entry per input: the input's id if it requires gradients.
@@ -170,6 +247,8 @@ struct Node {
     /// Tensors the backward closure holds, with their storage version when saved.
     saved: Vec<(Tensor, u64)>,
     backward: BackwardFn,
+    /// Used instead of `backward` when the output's gradient is uniform.
+    uniform_backward: Option<UniformBackwardFn>,
 }
 
 /// Records ops on variables and runs them backwards.
@@ -279,8 +358,7 @@ impl Tape {
         if loss.value.elem_count() != 1 {
             return Err(Error::NonScalarLoss { shape: loss.value.dims().to_vec() });
         }
-        let seed = Tensor::full(1.0, loss.value.shape().clone(), loss.value.dtype(), loss.value.device())?;
-        self.backward_with(loss, seed)
+        self.backward_from(loss, Grad::uniform(1.0, &Like::of(&loss.value)))
     }
 
     /// Backward from `output` with its gradient `grad` (same shape, dtype and device): runs the
@@ -304,11 +382,6 @@ impl Tape {
     /// # Ok(()) }
     /// ```
     pub fn backward_with(&self, output: &Var, grad: Tensor) -> Result<Gradients> {
-        match &output.tape {
-            None => return Err(Error::RequiresGrad { what: "backward" }),
-            Some(t) if !t.same(self) => return Err(Error::TapeMismatch { op: "backward".into() }),
-            Some(_) => {}
-        }
         if grad.dims() != output.value.dims() {
             return Err(opsmith_host::Error::ShapeMismatch {
                 op: "backward",
@@ -317,11 +390,20 @@ impl Tape {
             }
             .into());
         }
+        self.backward_from(output, Grad::Tensor(grad))
+    }
+
+    fn backward_from(&self, output: &Var, grad: Grad) -> Result<Gradients> {
+        match &output.tape {
+            None => return Err(Error::RequiresGrad { what: "backward" }),
+            Some(t) if !t.same(self) => return Err(Error::TapeMismatch { op: "backward".into() }),
+            Some(_) => {}
+        }
         let nodes = std::mem::take(&mut *self.nodes.lock());
         if !output.leaf && !nodes.iter().any(|n| n.output == output.id) {
             return Err(Error::GraphConsumed);
         }
-        let mut grads: HashMap<VarId, Tensor> = HashMap::from([(output.id, grad)]);
+        let mut grads: HashMap<VarId, Grad> = HashMap::from([(output.id, grad)]);
         for node in nodes.into_iter().rev() {
             // Intermediate gradients are dropped once used; only leaves keep theirs.
             let Some(g) = grads.remove(&node.output) else { continue };
@@ -330,7 +412,10 @@ impl Tape {
                     return Err(Error::SavedTensorModified { op: node.op, saved: *version, now: tensor.version() });
                 }
             }
-            let input_grads = (node.backward)(&g)?;
+            let input_grads = match (g, node.uniform_backward) {
+                (Grad::Uniform(u), Some(uniform_backward)) => uniform_backward(u.value)?,
+                (g, _) => (node.backward)(&g.into_tensor()?)?.into_iter().map(|g| g.map(Grad::Tensor)).collect(),
+            };
             if input_grads.len() != node.inputs.len() {
                 return Err(Error::Arity {
                     op: node.op,
@@ -345,15 +430,16 @@ impl Tape {
                         Entry::Vacant(e) => {
                             e.insert(gi);
                         }
-                        Entry::Occupied(mut e) => {
-                            let sum = ops::add(e.get(), &gi)?;
-                            e.insert(sum);
+                        Entry::Occupied(e) => {
+                            let (id, earlier) = e.remove_entry();
+                            grads.insert(id, earlier.accumulate(gi)?);
                         }
                     }
                 }
             }
         }
-        Ok(Gradients { map: grads })
+        let map = grads.into_iter().map(|(id, g)| Ok((id, g.into_tensor()?))).collect::<Result<_>>()?;
+        Ok(Gradients { map })
     }
 }
 
@@ -535,13 +621,41 @@ impl Tape {
         saved: &[&Tensor],
         backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Var {
+        self.push_node(op.into(), inputs, output, saved, Box::new(backward), None)
+    }
+
+    /// As [`record`](Self::record), with a second backward for a uniform output gradient (see
+    /// [`Grad`]); it must compute the same gradients as `backward` does from that gradient
+    /// filled into a tensor.
+    pub(crate) fn record_with_uniform(
+        &self,
+        op: impl Into<String>,
+        inputs: &[&Var],
+        output: Tensor,
+        saved: &[&Tensor],
+        backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+        uniform_backward: impl FnOnce(f64) -> Result<Vec<Option<Grad>>> + Send + 'static,
+    ) -> Var {
+        self.push_node(op.into(), inputs, output, saved, Box::new(backward), Some(Box::new(uniform_backward)))
+    }
+
+    fn push_node(
+        &self,
+        op: String,
+        inputs: &[&Var],
+        output: Tensor,
+        saved: &[&Tensor],
+        backward: BackwardFn,
+        uniform_backward: Option<UniformBackwardFn>,
+    ) -> Var {
         let out = Var { value: output, id: VarId::fresh(), tape: Some(self.clone()), leaf: false };
         let node = Node {
-            op: op.into(),
+            op,
             inputs: inputs.iter().map(|v| v.requires_grad().then_some(v.id)).collect(),
             output: out.id,
             saved: saved.iter().map(|t| ((*t).clone(), t.version())).collect(),
-            backward: Box::new(backward),
+            backward,
+            uniform_backward,
         };
         self.nodes.lock().push(node);
         out

@@ -27,6 +27,7 @@ property!(affine_matches_f64, Op::Affine);
 property!(fused_mul_add_matches_f64, Op::FusedMulAdd);
 property!(add_mul_matches_f64, Op::AddMul);
 property!(add_mul_backward_matches_f64, Op::AddMulBackward);
+property!(add_mul_backward_uniform_matches_f64, Op::AddMulBackwardUniform);
 
 /// IEEE 754 specials, spelled out: NaN in, NaN out; inf·0 = NaN; inf − inf = NaN; inf + finite = inf.
 #[test]

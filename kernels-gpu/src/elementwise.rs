@@ -1,5 +1,5 @@
-//! The elementwise kernel family: `add`, `mul`, `fused_mul_add`, `add_mul`, `add_mul_backward`,
-//! one set per storage dtype.
+//! The elementwise kernel family: `add`, `mul`, `fused_mul_add`, `add_mul`, `add_mul_backward`
+//! (from a gradient tensor or from one gradient value everywhere), one set per storage dtype.
 //!
 //! [`elementwise_family!`] defines, from one list of identifiers, both the `extern "ptx-kernel"`
 //! entry points (on nvptx64 only) and the [`ElementwiseKernels`] name table (everywhere).
@@ -15,7 +15,8 @@ macro_rules! elementwise_family {
             affine: $affine:ident,
             fused_mul_add: $fma:ident,
             add_mul: $add_mul:ident,
-            add_mul_backward: $add_mul_bwd:ident $(,)?
+            add_mul_backward: $add_mul_bwd:ident,
+            add_mul_backward_uniform: $add_mul_bwd_uniform:ident $(,)?
         }
     ) => {
         $(#[$table_doc])*
@@ -27,6 +28,7 @@ macro_rules! elementwise_family {
             fused_mul_add: stringify!($fma),
             add_mul: stringify!($add_mul),
             add_mul_backward: stringify!($add_mul_bwd),
+            add_mul_backward_uniform: stringify!($add_mul_bwd_uniform),
         };
 
         /// `out[i] = a[i] + b[i]` for `i < n`.
@@ -149,6 +151,38 @@ macro_rules! elementwise_family {
                 )
             }
         }
+
+        /// The backward of `z = (x + y) * w` when the upstream gradient is `g` in every element
+        /// (the gradient of a `sum` or `mean`): `gxy[i] = g * w[i]` and `gw[i] = g * (x[i] + y[i])`,
+        /// without reading a gradient tensor.
+        ///
+        /// Thread mapping as for the `add` kernel of this family.
+        ///
+        /// # Safety
+        /// All five pointers are valid for `n` elements and aligned to the element type; each of
+        /// `gxy` and `gw` is exactly one input or overlaps no input, and they do not overlap each
+        /// other.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $add_mul_bwd_uniform(
+            x: *const $elem,
+            y: *const $elem,
+            w: *const $elem,
+            gxy: *mut $elem,
+            gw: *mut $elem,
+            g: f32,
+            n: u64,
+        ) {
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe {
+                crate::device::elementwise::map_elementwise::<$elem, 3, 2>(
+                    [x, y, w],
+                    [gxy, gw],
+                    n,
+                    |[x, y, w]| [g * w, g * (x + y)],
+                )
+            }
+        }
     };
 }
 
@@ -162,6 +196,7 @@ elementwise_family! {
         fused_mul_add: fused_mul_add_f32,
         add_mul: add_mul_f32,
         add_mul_backward: add_mul_backward_f32,
+        add_mul_backward_uniform: add_mul_backward_uniform_f32,
     }
 }
 
@@ -175,6 +210,7 @@ elementwise_family! {
         fused_mul_add: fused_mul_add_f16,
         add_mul: add_mul_f16,
         add_mul_backward: add_mul_backward_f16,
+        add_mul_backward_uniform: add_mul_backward_uniform_f16,
     }
 }
 
@@ -188,5 +224,6 @@ elementwise_family! {
         fused_mul_add: fused_mul_add_bf16,
         add_mul: add_mul_bf16,
         add_mul_backward: add_mul_backward_bf16,
+        add_mul_backward_uniform: add_mul_backward_uniform_bf16,
     }
 }

@@ -34,6 +34,8 @@ pub struct ElementwiseKernels {
     pub add_mul: &'static str,
     /// `gxy = g * w`, `gw = g * (x + y)`.
     pub add_mul_backward: &'static str,
+    /// As `add_mul_backward` for a scalar `g`, the same in every element.
+    pub add_mul_backward_uniform: &'static str,
 }
 
 impl ElementwiseKernels {
@@ -43,8 +45,17 @@ impl ElementwiseKernels {
     /// let all = opsmith_kernels::names::F32.all();
     /// assert!(all.contains(&"add_mul_backward_f32"));
     /// ```
-    pub const fn all(&self) -> [&'static str; 7] {
-        [self.add, self.sub, self.mul, self.affine, self.fused_mul_add, self.add_mul, self.add_mul_backward]
+    pub const fn all(&self) -> [&'static str; 8] {
+        [
+            self.add,
+            self.sub,
+            self.mul,
+            self.affine,
+            self.fused_mul_add,
+            self.add_mul,
+            self.add_mul_backward,
+            self.add_mul_backward_uniform,
+        ]
     }
 }
 
@@ -327,7 +338,7 @@ pub const ALL_LOSS: [LossKernels; 3] = [loss::F32, loss::F16, loss::BF16];
 /// // Three dtypes of elementwise, reduction, activation, softmax and loss kernels; f32 optimizers.
 /// // Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1 long kernel. And the
 /// // benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (7 + 5 + 6 + 2 * (3 + 1 + 1) + 4) + 3 + 1);
+/// assert_eq!(names.len(), 3 * (8 + 5 + 6 + 2 * (3 + 1 + 1) + 4) + 3 + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {

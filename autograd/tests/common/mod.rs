@@ -165,6 +165,68 @@ pub fn accumulation_and_backward_with(device: Device) -> Result<()> {
     Ok(())
 }
 
+/// `backward()` passes the loss's seed of 1 on as a uniform gradient (no tensor) through the ops
+/// that allow it; every case must get the same gradients as from an explicit tensor of ones,
+/// which takes the tensor path through every node. Bit for bit in f32 and f64 (the uniform
+/// values here are exact or rounded the same way); in bf16, a uniform value scaled by `mean`'s
+/// `1/n` keeps f32 precision, so within two roundings.
+pub fn uniform_gradients_match_tensor_gradients(device: Device) -> Result<()> {
+    for (seed, (name, shapes, f)) in cases().into_iter().enumerate() {
+        for dtype in [DType::F64, DType::F32, DType::BF16] {
+            if device.is_cuda() && dtype == DType::F64 {
+                continue;
+            }
+            let ins = inputs(&shapes, dtype, device, 300 + seed as u64)?;
+            let grads = |uniform: bool| -> Result<Vec<Vec<f64>>> {
+                let tape = Tape::new();
+                let vars: Vec<Var> = ins.iter().map(|t| tape.var(t.clone())).collect();
+                let out = f(&vars)?;
+                let loss = if out.value().elem_count() == 1 { out } else { ops::sum(&out)? };
+                let grads = if uniform {
+                    tape.backward(&loss)?
+                } else {
+                    let ones = Tensor::full(1.0, loss.value().shape().clone(), dtype, device)?;
+                    tape.backward_with(&loss, ones)?
+                };
+                vars.iter().map(|v| Ok(grads.get(v).expect("every input gets a gradient").to_vec_f64()?)).collect()
+            };
+            let (uniform, tensor) = (grads(true)?, grads(false)?);
+            for (k, (u, t)) in uniform.iter().zip(&tensor).enumerate() {
+                for (i, (a, b)) in u.iter().zip(t).enumerate() {
+                    let allowed = if dtype == DType::BF16 { 2.0 * dtype.unit_roundoff() * b.abs() } else { 0.0 };
+                    assert!(
+                        (a - b).abs() <= allowed,
+                        "{name} {dtype} on {device}: input {k}[{i}]: uniform {a} vs tensor {b}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Uniform gradients meeting at one variable add up on the host; a uniform and a tensor
+/// gradient add in one kernel. Checked against the derivatives worked out by hand.
+pub fn uniform_gradients_accumulate(device: Device) -> Result<()> {
+    let xs = values(6, 21);
+    let tape = Tape::new();
+    let x = tape.var(tensor(&xs, &[6], DType::F32, device)?);
+    // d/dx [sum(x) + sum(2.5 x) - mean(x)] = 1 + 2.5 - 1/6, all uniform.
+    let loss = ops::sub(&ops::add(&ops::sum(&x)?, &ops::sum(&ops::scale(&x, 2.5)?)?)?, &ops::mean(&x)?)?;
+    let gx = tape.backward(&loss)?.get(&x).unwrap().to_vec_f64()?;
+    let expected = (1.0f64 + 2.5 - 1.0 / 6.0) as f32 as f64;
+    assert!(gx.iter().all(|&g| g == expected), "{gx:?} vs {expected}");
+    // d/dx [sum(x) + sum(x * x)] = 1 + 2x: a uniform gradient meets a tensor one.
+    let tape = Tape::new();
+    let x = tape.var(tensor(&xs, &[6], DType::F32, device)?);
+    let loss = ops::add(&ops::sum(&x)?, &ops::sum(&ops::mul(&x, &x)?)?)?;
+    let gx = tape.backward(&loss)?.get(&x).unwrap().to_vec_f64()?;
+    for (g, x) in gx.iter().zip(&xs) {
+        assert_eq!(*g, 1.0 + 2.0 * x, "x = {x}"); // exact: x has 9 significant bits
+    }
+    Ok(())
+}
+
 /// `x³` with a CPU forward and backward only.
 pub struct Cube;
 
@@ -238,6 +300,14 @@ macro_rules! shared_cases {
         #[test]
         fn add_mul_partial_grads() -> opsmith_autograd::Result<()> {
             common::add_mul_partial_grads($device)
+        }
+        #[test]
+        fn uniform_gradients_match_tensor_gradients() -> opsmith_autograd::Result<()> {
+            common::uniform_gradients_match_tensor_gradients($device)
+        }
+        #[test]
+        fn uniform_gradients_accumulate() -> opsmith_autograd::Result<()> {
+            common::uniform_gradients_accumulate($device)
         }
         #[test]
         fn saved_tensor_modified() -> opsmith_autograd::Result<()> {

@@ -135,6 +135,14 @@ fn compute<T: Element>(op: Elementwise, ins: &[ArrayView1<'_, T>], outs: &mut [A
                 *gw = T::from_acc(acc(g) * (acc(x) + acc(y)));
             }
         }
+        (Elementwise::AddMulBackwardUniform { g }, [gxy, gw]) => {
+            let g = T::Acc::from_f64(g);
+            let inputs = ins[0].iter().zip(ins[1]).zip(ins[2]);
+            for ((gxy, gw), ((x, y), w)) in gxy.iter_mut().zip(gw.iter_mut()).zip(inputs) {
+                *gxy = T::from_acc(g * acc(w));
+                *gw = T::from_acc(g * (acc(x) + acc(y)));
+            }
+        }
         (Elementwise::Activation(f), [out]) => match f {
             Activation::Relu => map1(out, ins[0], activation::relu),
             Activation::Gelu => map1(out, ins[0], activation::gelu),

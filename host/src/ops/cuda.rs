@@ -32,6 +32,7 @@ fn kernel_name(op: Elementwise, dtype: DType, device: Device) -> Result<&'static
         Elementwise::FusedMulAdd => elementwise()?.fused_mul_add,
         Elementwise::AddMul => elementwise()?.add_mul,
         Elementwise::AddMulBackward => elementwise()?.add_mul_backward,
+        Elementwise::AddMulBackwardUniform { .. } => elementwise()?.add_mul_backward_uniform,
         Elementwise::Activation(Activation::Relu) => activations()?.relu,
         Elementwise::Activation(Activation::Gelu) => activations()?.gelu,
         Elementwise::Activation(Activation::Silu) => activations()?.silu,
@@ -48,6 +49,7 @@ fn kernel_name(op: Elementwise, dtype: DType, device: Device) -> Result<&'static
 fn scalars(op: Elementwise) -> Vec<f32> {
     let f64s = match op {
         Elementwise::Affine { alpha, beta } => vec![alpha, beta],
+        Elementwise::AddMulBackwardUniform { g } => vec![g],
         Elementwise::Sgd(step) if step.uses_buffer() => vec![step.lr, step.momentum, step.weight_decay],
         Elementwise::Sgd(step) => vec![step.lr, step.weight_decay],
         Elementwise::Adam(step) => step.coefficients().to_array().to_vec(),

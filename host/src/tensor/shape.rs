@@ -1,4 +1,5 @@
 //! Tensor shapes.
+use smallvec::SmallVec;
 
 /// The dimensions of a tensor, outermost first. A shape of no dimensions is a scalar.
 ///
@@ -11,7 +12,11 @@
 /// assert_eq!(Shape::from(5).dims(), [5]);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Shape(Vec<usize>);
+pub struct Shape(Dims);
+
+/// Up to four dimensions are stored inline: cloning a tensor (which every op, view and tape
+/// record does) then allocates nothing.
+type Dims = SmallVec<[usize; 4]>;
 
 impl Shape {
     /// The dimensions.
@@ -49,24 +54,24 @@ impl Shape {
 
 impl From<Vec<usize>> for Shape {
     fn from(dims: Vec<usize>) -> Self {
-        Shape(dims)
+        Shape(Dims::from_vec(dims))
     }
 }
 
 impl From<&[usize]> for Shape {
     fn from(dims: &[usize]) -> Self {
-        Shape(dims.to_vec())
+        Shape(Dims::from_slice(dims))
     }
 }
 
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(dims: [usize; N]) -> Self {
-        Shape(dims.to_vec())
+        Shape(Dims::from_slice(&dims))
     }
 }
 
 impl From<usize> for Shape {
     fn from(len: usize) -> Self {
-        Shape(vec![len])
+        Shape(Dims::from_slice(&[len]))
     }
 }

@@ -26,6 +26,9 @@ pub const SENTINEL: f64 = -7.5;
 pub const ALPHA: f64 = -1.5;
 pub const BETA: f64 = 0.375;
 
+/// The uniform upstream gradient of the `add_mul_backward_uniform` case.
+pub const UNIFORM_G: f64 = -1.25;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Add,
@@ -36,10 +39,21 @@ pub enum Op {
     FusedMulAdd,
     AddMul,
     AddMulBackward,
+    /// `add_mul`'s backward for a gradient of `UNIFORM_G` everywhere.
+    AddMulBackwardUniform,
 }
 
 impl Op {
-    pub const ALL: [Op; 7] = [Op::Add, Op::Sub, Op::Mul, Op::Affine, Op::FusedMulAdd, Op::AddMul, Op::AddMulBackward];
+    pub const ALL: [Op; 8] = [
+        Op::Add,
+        Op::Sub,
+        Op::Mul,
+        Op::Affine,
+        Op::FusedMulAdd,
+        Op::AddMul,
+        Op::AddMulBackward,
+        Op::AddMulBackwardUniform,
+    ];
 
     pub fn arity(self) -> (usize, usize) {
         match self {
@@ -47,6 +61,7 @@ impl Op {
             Op::Add | Op::Sub | Op::Mul => (2, 1),
             Op::FusedMulAdd | Op::AddMul => (3, 1),
             Op::AddMulBackward => (4, 2),
+            Op::AddMulBackwardUniform => (3, 2),
         }
     }
 
@@ -60,6 +75,7 @@ impl Op {
             Op::FusedMulAdd => vec![x[0] * x[1] + x[2]],
             Op::AddMul => vec![(x[0] + x[1]) * x[2]],
             Op::AddMulBackward => vec![x[0] * x[3], x[0] * (x[1] + x[2])],
+            Op::AddMulBackwardUniform => vec![UNIFORM_G * x[2], UNIFORM_G * (x[0] + x[1])],
         }
     }
 
@@ -70,7 +86,7 @@ impl Op {
         let u = DType::F32.unit_roundoff();
         let arith = match (self, dtype) {
             (_, DType::F64) => 4.0 * DType::F64.unit_roundoff(),
-            (Op::AddMul | Op::AddMulBackward, _) => 2.01 * u,
+            (Op::AddMul | Op::AddMulBackward | Op::AddMulBackwardUniform, _) => 2.01 * u,
             _ => 1.01 * u,
         };
         arith * scale + store_roundoff(dtype) * r.abs() * 1.01 + store_floor(dtype)
@@ -87,6 +103,8 @@ impl Op {
             (Op::AddMul, _) => (x[0].abs() + x[1].abs()) * x[2].abs(),
             (Op::AddMulBackward, 0) => (x[0] * x[3]).abs(),
             (Op::AddMulBackward, _) => x[0].abs() * (x[1].abs() + x[2].abs()),
+            (Op::AddMulBackwardUniform, 0) => (UNIFORM_G * x[2]).abs(),
+            (Op::AddMulBackwardUniform, _) => UNIFORM_G.abs() * (x[0].abs() + x[1].abs()),
         }
     }
 
@@ -99,6 +117,9 @@ impl Op {
             Op::FusedMulAdd => ops::fused_mul_add_into(ins[0], ins[1], ins[2], outs[0]),
             Op::AddMul => ops::add_mul_into(ins[0], ins[1], ins[2], outs[0]),
             Op::AddMulBackward => ops::add_mul_backward_into(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1]),
+            Op::AddMulBackwardUniform => {
+                ops::add_mul_backward_uniform_into(UNIFORM_G, ins[0], ins[1], ins[2], outs[0], outs[1])
+            }
         }
     }
 
@@ -112,6 +133,10 @@ impl Op {
             Op::AddMul => vec![ops::add_mul(ins[0], ins[1], ins[2])?],
             Op::AddMulBackward => {
                 let (a, b) = ops::add_mul_backward(ins[0], ins[1], ins[2], ins[3])?;
+                vec![a, b]
+            }
+            Op::AddMulBackwardUniform => {
+                let (a, b) = ops::add_mul_backward_uniform(UNIFORM_G, ins[0], ins[1], ins[2])?;
                 vec![a, b]
             }
         })
@@ -471,6 +496,10 @@ macro_rules! shared_cases {
         #[test]
         fn add_mul_backward_against_f64() -> opsmith_host::Result<()> {
             common::op_against_f64($device, common::Op::AddMulBackward)
+        }
+        #[test]
+        fn add_mul_backward_uniform_against_f64() -> opsmith_host::Result<()> {
+            common::op_against_f64($device, common::Op::AddMulBackwardUniform)
         }
         #[test]
         fn sub_against_f64() -> opsmith_host::Result<()> {
