@@ -2,6 +2,7 @@
 use crate::{Error, Result};
 use opsmith_host::{DType, Device, Shape, Tensor, ops};
 use parking_lot::Mutex;
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -240,7 +241,8 @@ impl Grad {
 }
 
 struct Node {
-    op: String,
+    /// Borrowed for the built-in ops: recording allocates no name.
+    op: Cow<'static, str>,
     /// One entry per input: the input's id if it requires gradients.
     inputs: Vec<Option<VarId>>,
     output: VarId,
@@ -409,7 +411,7 @@ impl Tape {
             let Some(g) = grads.remove(&node.output) else { continue };
             for (tensor, version) in &node.saved {
                 if tensor.version() != *version {
-                    return Err(Error::SavedTensorModified { op: node.op, saved: *version, now: tensor.version() });
+                    return Err(Error::SavedTensorModified { op: node.op.into_owned(), saved: *version, now: tensor.version() });
                 }
             }
             let input_grads = match (g, node.uniform_backward) {
@@ -418,7 +420,7 @@ impl Tape {
             };
             if input_grads.len() != node.inputs.len() {
                 return Err(Error::Arity {
-                    op: node.op,
+                    op: node.op.into_owned(),
                     what: "gradients",
                     expected: node.inputs.len(),
                     actual: input_grads.len(),
@@ -615,7 +617,7 @@ impl Tape {
     /// to one optional gradient per input.
     pub(crate) fn record(
         &self,
-        op: impl Into<String>,
+        op: impl Into<Cow<'static, str>>,
         inputs: &[&Var],
         output: Tensor,
         saved: &[&Tensor],
@@ -629,7 +631,7 @@ impl Tape {
     /// filled into a tensor.
     pub(crate) fn record_with_uniform(
         &self,
-        op: impl Into<String>,
+        op: impl Into<Cow<'static, str>>,
         inputs: &[&Var],
         output: Tensor,
         saved: &[&Tensor],
@@ -641,7 +643,7 @@ impl Tape {
 
     fn push_node(
         &self,
-        op: String,
+        op: Cow<'static, str>,
         inputs: &[&Var],
         output: Tensor,
         saved: &[&Tensor],

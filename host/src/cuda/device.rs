@@ -1,4 +1,5 @@
 //! One shared context (and default stream, and loaded kernels) per CUDA device.
+use super::block_cache::BlockCache;
 use super::module::KernelModule;
 use super::stream::Stream;
 use crate::{Device, Error, Result};
@@ -30,6 +31,8 @@ struct Inner {
     sm_count: u32,
     max_threads_per_sm: u32,
     kernels: OnceLock<KernelModule>,
+    /// Small freed blocks of the default stream, reused without a driver call.
+    blocks: BlockCache,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -125,6 +128,7 @@ impl CudaDevice {
             sm_count,
             max_threads_per_sm,
             kernels: OnceLock::new(),
+            blocks: BlockCache::default(),
         })))
     }
 
@@ -308,11 +312,10 @@ impl CudaDevice {
         &self.0.ctx
     }
 
-    /// Makes this device's context current on the calling thread (the device guard every op
-    /// takes before touching the driver).
-    /// Hands the memory that the device's stream-ordered pool keeps for reuse back to the
-    /// driver, after waiting for the device (like PyTorch's `torch.cuda.empty_cache()`):
-    /// tensors still alive keep theirs. Allocations call it by themselves once before they
+    /// Hands the memory that the device keeps for reuse (its stream-ordered pool, and the small
+    /// blocks of [`cached_block_bytes`](Self::cached_block_bytes)) back to the driver, after
+    /// waiting for the device (like PyTorch's `torch.cuda.empty_cache()`): tensors still alive
+    /// keep theirs. Allocations call it by themselves once before they
     /// report [`Error::OutOfMemory`]; call it to leave memory to another process.
     ///
     /// ```
@@ -324,6 +327,7 @@ impl CudaDevice {
     /// ```
     pub fn release_cached_memory(&self) -> Result<()> {
         use cudarc::driver::sys;
+        self.0.blocks.clear();
         self.synchronize()?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: the out-pointer is valid and the device handle comes from a live context.
@@ -335,6 +339,38 @@ impl CudaDevice {
         unsafe { sys::cuMemPoolTrimTo(pool, 0) }.result().map_err(|source| self.driver_error("cuMemPoolTrimTo", source))
     }
 
+    /// Bytes of small freed allocations this device keeps for reuse: blocks of up to 1 MiB
+    /// allocated on the default stream, kept by size (up to 64 MiB in all) and handed to the
+    /// next allocation of the same size there without a driver call.
+    /// [`release_cached_memory`](Self::release_cached_memory) frees them.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{DType, Tensor, cuda::CudaDevice};
+    /// let dev = CudaDevice::get(0)?;
+    /// dev.release_cached_memory()?;
+    /// drop(Tensor::zeros([1024], DType::F32, dev.device())?);
+    /// assert_eq!(dev.cached_block_bytes(), 4096); // kept
+    /// let _again = Tensor::zeros([1024], DType::F32, dev.device())?; // and reused
+    /// assert_eq!(dev.cached_block_bytes(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn cached_block_bytes(&self) -> usize {
+        self.0.blocks.bytes()
+    }
+
+    pub(crate) fn block_cache(&self) -> &BlockCache {
+        &self.0.blocks
+    }
+
+    /// Whether `stream` is this device's default stream.
+    pub(crate) fn is_default_stream(&self, stream: &Stream) -> bool {
+        Arc::ptr_eq(stream.raw(), &self.0.default_stream)
+    }
+
+    /// Makes this device's context current on the calling thread (the device guard every op
+    /// takes before touching the driver).
     pub(crate) fn bind(&self) -> Result<()> {
         self.0.ctx.bind_to_thread().map_err(|source| self.driver_error("cuCtxSetCurrent", source))
     }

@@ -26,6 +26,7 @@
 //! # Ok(()) }
 //! ```
 pub(crate) mod blas;
+pub(crate) mod block_cache;
 mod device;
 mod launch;
 mod module;

@@ -42,6 +42,11 @@ impl StreamUses {
         Self { home: home.clone(), state: Mutex::new(Uses { writer: home.clone(), readers: Vec::new() }) }
     }
 
+    /// Whether the memory was allocated on its device's default stream.
+    pub(crate) fn home_is_default(&self) -> bool {
+        self.home.device().is_default_stream(&self.home)
+    }
+
     /// Orders the work `stream` queues next after the last write. Call
     /// [`read_done`](Self::read_done) once that work is queued.
     pub(crate) fn read_on(&self, stream: &Stream) -> Result<()> {

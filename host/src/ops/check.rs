@@ -68,7 +68,7 @@ pub(crate) fn elementwise(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tenso
             reason: format!("takes {n_in} inputs and {n_out} outputs, got {} and {}", inputs.len(), outputs.len()),
         });
     }
-    let all: Vec<&Tensor> = inputs.iter().chain(outputs).copied().collect();
+    let all: smallvec::SmallVec<[&Tensor; 8]> = inputs.iter().chain(outputs).copied().collect();
     same_layout(op.name(), &all)?;
     no_partial_overlap(op.name(), inputs, outputs)
 }

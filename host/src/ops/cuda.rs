@@ -4,6 +4,7 @@ use crate::cuda::{CudaDevice, DEFAULT_BLOCK, LaunchConfig};
 use crate::tensor::storage::with_cuda_ptrs;
 use crate::{DType, Device, Error, Result, Tensor};
 use opsmith_kernels::names::{self, activation, optim};
+use smallvec::SmallVec;
 use std::ffi::c_void;
 
 /// A family's table for `dtype`, from its f32, f16 and bf16 tables; f64 has no kernels.
@@ -46,14 +47,16 @@ fn kernel_name(op: Elementwise, dtype: DType, device: Device) -> Result<&'static
 }
 
 /// The op's scalar kernel parameters, after its tensors and before `n`, rounded to f32.
-fn scalars(op: Elementwise) -> Vec<f32> {
-    let f64s = match op {
-        Elementwise::Affine { alpha, beta } => vec![alpha, beta],
-        Elementwise::AddMulBackwardUniform { g } => vec![g],
-        Elementwise::Sgd(step) if step.uses_buffer() => vec![step.lr, step.momentum, step.weight_decay],
-        Elementwise::Sgd(step) => vec![step.lr, step.weight_decay],
-        Elementwise::Adam(step) => step.coefficients().to_array().to_vec(),
-        _ => Vec::new(),
+fn scalars(op: Elementwise) -> SmallVec<[f32; 8]> {
+    let f64s: SmallVec<[f64; 8]> = match op {
+        Elementwise::Affine { alpha, beta } => [alpha, beta].into_iter().collect(),
+        Elementwise::AddMulBackwardUniform { g } => [g].into_iter().collect(),
+        Elementwise::Sgd(step) if step.uses_buffer() => {
+            [step.lr, step.momentum, step.weight_decay].into_iter().collect()
+        }
+        Elementwise::Sgd(step) => [step.lr, step.weight_decay].into_iter().collect(),
+        Elementwise::Adam(step) => step.coefficients().to_array().into_iter().collect(),
+        _ => SmallVec::new(),
     };
     f64s.into_iter().map(|v| v as f32).collect()
 }
@@ -99,10 +102,11 @@ pub(super) fn elementwise(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tenso
     let cfg = LaunchConfig::covering(name, n.div_ceil(lanes), DEFAULT_BLOCK)?;
     let stream = device.current_stream();
     with_cuda_ptrs(&stream, inputs, outputs, |reads, writes| {
-        let mut pointers: Vec<u64> = reads.iter().chain(writes).copied().collect();
+        let mut pointers: SmallVec<[u64; 8]> = reads.iter().chain(writes).copied().collect();
         let mut scalars = scalars(op);
         let mut n = n;
-        let mut params: Vec<*mut c_void> = pointers.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+        let mut params: SmallVec<[*mut c_void; 16]> =
+            pointers.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
         params.extend(scalars.iter_mut().map(|v| v as *mut f32 as *mut c_void));
         params.push(&mut n as *mut u64 as *mut c_void);
         // SAFETY: the kernel takes (inputs…, outputs…, scalars…, n: u64), as the family macros

@@ -131,8 +131,10 @@ fn run_new<const O: usize>(op: Elementwise, inputs: &[&Tensor]) -> Result<[Tenso
         }
         v.try_into().map_err(|_| crate::Error::InvalidArgument { op: op.name(), reason: "output count".into() })?
     };
-    let refs: Vec<&Tensor> = outputs.iter().collect();
-    run(op, inputs, &refs)?;
+    {
+        let refs: smallvec::SmallVec<[&Tensor; 3]> = outputs.iter().collect();
+        run(op, inputs, &refs)?;
+    }
     Ok(outputs)
 }
 

@@ -1,9 +1,12 @@
 //! Memory behind tensors, shared between a tensor and its views.
+use crate::cuda::block_cache::MAX_BLOCK;
 use crate::cuda::stream_order::StreamUses;
 use crate::cuda::{CudaDevice, Stream};
 use crate::{DType, Device, Error, Result, Tensor};
 use cudarc::driver::{CudaSlice, DevicePtr};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use smallvec::SmallVec;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -40,7 +43,8 @@ pub(crate) enum StorageData {
     /// Device memory as raw bytes: kernels see only pointers, and the tensor knows the dtype.
     Cuda {
         device: CudaDevice,
-        bytes: RwLock<CudaSlice<u8>>,
+        /// Taken out by `Storage`'s destructor, which frees it or keeps it for reuse.
+        bytes: ManuallyDrop<RwLock<CudaSlice<u8>>>,
         /// Which streams used it, so that work on another stream waits for them.
         uses: StreamUses,
     },
@@ -49,9 +53,18 @@ pub(crate) enum StorageData {
 impl Drop for Storage {
     fn drop(&mut self) {
         // The memory is freed on the stream that allocated it; that stream first waits for
-        // the other streams that used it.
-        if let StorageData::Cuda { uses, .. } = &self.data {
+        // the other streams that used it. A small block of the default stream is kept for the
+        // next allocation of its size there instead (`cuda::block_cache`).
+        if let StorageData::Cuda { device, bytes, uses } = &mut self.data {
             uses.before_free();
+            // SAFETY: this is the storage's destructor; `bytes` is not touched again.
+            let block = unsafe { ManuallyDrop::take(bytes) }.into_inner();
+            if uses.home_is_default() {
+                // Handed back (and freed here) when too large or the cache is full.
+                drop(device.block_cache().put(block));
+            } else {
+                drop(block);
+            }
         }
     }
 }
@@ -75,7 +88,11 @@ impl Storage {
             }
             .map_err(|e| Error::from_alloc(device.device(), bytes, e))
         };
-        let slice = match alloc() {
+        let cached = match bytes {
+            1..=MAX_BLOCK if device.is_default_stream(stream) => device.block_cache().take(bytes),
+            _ => None,
+        };
+        let slice = match cached.map(Ok).unwrap_or_else(alloc) {
             // The pool keeps freed memory for reuse (see `keep_pool_memory`): hand it back to
             // the driver and try once more before reporting out-of-memory, and leave the pool
             // empty if even that fails, so a failed allocation hoards nothing.
@@ -89,7 +106,8 @@ impl Storage {
             }
             other => other?,
         };
-        let data = StorageData::Cuda { device, bytes: RwLock::new(slice), uses: StreamUses::new(stream) };
+        let data =
+            StorageData::Cuda { device, bytes: ManuallyDrop::new(RwLock::new(slice)), uses: StreamUses::new(stream) };
         Ok(Arc::new(Self { data, version: AtomicU64::new(0) }))
     }
 
@@ -121,7 +139,8 @@ pub(crate) fn with_cuda_ptrs<R>(
     writes: &[&Tensor],
     f: impl FnOnce(&[u64], &[u64]) -> Result<R>,
 ) -> Result<R> {
-    let mut storages: Vec<(*const Storage, &Storage, bool)> = Vec::new();
+    // Inline up to 8 operands: a launch then allocates nothing on the host for its pointers.
+    let mut storages: SmallVec<[(*const Storage, &Storage, bool); 8]> = SmallVec::new();
     for (t, write) in reads.iter().map(|t| (t, false)).chain(writes.iter().map(|t| (t, true))) {
         let ptr = Arc::as_ptr(&t.storage);
         match storages.iter_mut().find(|(p, _, _)| *p == ptr) {
@@ -131,7 +150,7 @@ pub(crate) fn with_cuda_ptrs<R>(
     }
     storages.sort_by_key(|(p, _, _)| *p as usize);
 
-    let mut guards = Vec::with_capacity(storages.len());
+    let mut guards: SmallVec<[CudaGuard<'_>; 8]> = SmallVec::new();
     for (_, storage, write) in &storages {
         let (bytes, uses) = match &storage.data {
             StorageData::Cuda { device, bytes, uses } if device == stream.device() => (bytes, uses),
@@ -156,13 +175,13 @@ pub(crate) fn with_cuda_ptrs<R>(
             storage.bump_version();
         }
     }
-    let bases: Vec<u64> = guards.iter().map(|guard| device_address(guard)).collect();
+    let bases: SmallVec<[u64; 8]> = guards.iter().map(|guard| device_address(guard)).collect();
     let address = |t: &Tensor| {
         let index = storages.iter().position(|(p, _, _)| *p == Arc::as_ptr(&t.storage)).unwrap_or(0);
         bases[index] + (t.offset * t.dtype.size_in_bytes()) as u64
     };
-    let read_ptrs: Vec<u64> = reads.iter().map(|t| address(t)).collect();
-    let write_ptrs: Vec<u64> = writes.iter().map(|t| address(t)).collect();
+    let read_ptrs: SmallVec<[u64; 8]> = reads.iter().map(|t| address(t)).collect();
+    let write_ptrs: SmallVec<[u64; 8]> = writes.iter().map(|t| address(t)).collect();
     let result = f(&read_ptrs, &write_ptrs);
     for (_, storage, write) in &storages {
         if let (false, StorageData::Cuda { uses, .. }) = (*write, &storage.data) {
