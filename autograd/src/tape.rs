@@ -411,7 +411,11 @@ impl Tape {
             let Some(g) = grads.remove(&node.output) else { continue };
             for (tensor, version) in &node.saved {
                 if tensor.version() != *version {
-                    return Err(Error::SavedTensorModified { op: node.op.into_owned(), saved: *version, now: tensor.version() });
+                    return Err(Error::SavedTensorModified {
+                        op: node.op.into_owned(),
+                        saved: *version,
+                        now: tensor.version(),
+                    });
                 }
             }
             let input_grads = match (g, node.uniform_backward) {
