@@ -4,7 +4,7 @@ opsmith's `bandwidth` example (CUDA events, warm-up, every run queued behind a G
 median of 30), with the bytes each
 version must move printed beside its time.
 
-    python3 benches/torch_compare.py [--quick]
+    python3 benches/torch_compare.py [--quick | --host-only]
 
 Compared:
   * d = a*b + c: eager (two kernels), torch.addcmul (one), torch.compile (one, generated);
@@ -63,6 +63,9 @@ def main():
     quick = "--quick" in sys.argv
     sizes = [20, 24] if quick else [24, 26, 28]
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
+    if "--host-only" in sys.argv:
+        host_overhead()
+        return
     n = 1 << sizes[-1]
     src, dst = random(n, torch.float32, 1), torch.empty(n, device="cuda")
     copy_ms = median_ms(lambda: dst.copy_(src))
@@ -111,8 +114,11 @@ def main():
     for what, dtype, log2n, ms, nbytes in rows:
         gbs = nbytes / ms / 1e6
         print(f"| {what} | {dtype} | 2^{log2n} | {ms:.4f} | {nbytes:.3e} | {gbs:.0f} | {100 * gbs / copy_gbs:.1f}% |")
+    host_overhead()
 
-    # Host overhead at n = 1024.
+
+def host_overhead():
+    """Host time per op and per step at n = 1024 (the `bandwidth` example's last table)."""
     n, iters = 1024, 2000
     a, b, c, g = (random(n, torch.float32, s) for s in (20, 21, 22, 23))
     x, y, w = (t.clone().requires_grad_(True) for t in (a, b, c))

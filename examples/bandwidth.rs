@@ -13,7 +13,8 @@
 //! cargo run --release --example bandwidth -- --softmax         # the softmax section only
 //! cargo run --release --example bandwidth -- --out DIR         # bandwidth.csv, bandwidth.svg in DIR
 //! cargo run --release --example bandwidth -- --ptx other.ptx   # also time other PTX builds of the kernels
-//! cargo run --release --example bandwidth -- --ptx other.ptx --grid cover/1   # at one grid shape
+//! cargo run --release --example bandwidth -- --ptx other.ptx --grid cover/1 --block 512   # one launch shape
+//! cargo run --release --example bandwidth -- --host-only   # only the host time at n = 1024
 //! ```
 use opsmith::autograd::{self, Tape};
 use opsmith::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, KernelModule, LaunchConfig};
@@ -80,6 +81,10 @@ fn main() -> Result<()> {
     // `--grid SHAPE` (wave, cover/1, cover/2, cover/4), as often as wanted: the grid shapes
     // `--ptx` times; all four when not given.
     let grids = repeated("--grid");
+    // `--block N`, as often as wanted: the block sizes `--ptx` times (default 256).
+    let blocks: Vec<u32> = repeated("--block").iter().filter_map(|b| b.parse().ok()).collect();
+    let blocks = if blocks.is_empty() { vec![DEFAULT_BLOCK] } else { blocks };
+    let grids = (grids, blocks);
     let device = Device::cuda_if_available();
     let Device::Cuda(ordinal) = device else {
         println!(
@@ -95,6 +100,10 @@ fn main() -> Result<()> {
         dev.sm_count(),
         opsmith::cuda::EMBEDDED_PTX_ARCH
     );
+    // `--host-only`: just the host-overhead table (quick, for repeated runs beside torch's).
+    if args.iter().any(|a| a == "--host-only") {
+        return small_tensor_overhead(&dev, device);
+    }
     // `--log2 N` measures one size only (for profilers).
     let only: Option<u32> =
         args.iter().position(|a| a == "--log2").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok());
@@ -231,7 +240,7 @@ fn other_ptx_rows(
     dev: &CudaDevice,
     device: Device,
     path: &str,
-    grids: &[String],
+    (grids, blocks): &(Vec<String>, Vec<u32>),
     dtype: DType,
     t: &[Tensor],
     [o1, o2]: [&Tensor; 2],
@@ -245,11 +254,12 @@ fn other_ptx_rows(
     let packs = n.div_ceil((16 / dtype.size_in_bytes()) as u64);
     let stream = dev.current_stream();
     let file = std::path::Path::new(path).file_name().map_or(path.into(), |f| f.to_string_lossy());
-    for (name, values) in [(names.fused_mul_add, 4.0), (names.add_mul_backward, 6.0)] {
+    let kernels = [(names.fused_mul_add, 4.0), (names.add_mul_backward, 6.0)];
+    for ((name, values), &block) in kernels.into_iter().flat_map(|k| blocks.iter().map(move |b| (k, b))) {
         let kernel = module.kernel(name)?;
-        let wave = LaunchConfig::grid_stride(&kernel, packs, DEFAULT_BLOCK)?;
+        let wave = LaunchConfig::grid_stride(&kernel, packs, block)?;
         let cover = |per_thread: u64| LaunchConfig {
-            grid: u32::try_from(packs.div_ceil(DEFAULT_BLOCK as u64 * per_thread)).unwrap_or(u32::MAX),
+            grid: u32::try_from(packs.div_ceil(block as u64 * per_thread)).unwrap_or(u32::MAX),
             ..wave
         };
         let shapes = [("wave", wave), ("cover/1", cover(1)), ("cover/2", cover(2)), ("cover/4", cover(4))];
@@ -271,7 +281,7 @@ fn other_ptx_rows(
                 // of opsmith-kernels, every tensor n elements of `dtype`; any grid is correct.
                 unsafe { kernel.launch(&stream, cfg, &args) }
             })?;
-            row(&format!("{name} [{file}, {shape}, {} blocks]", cfg.grid), values, ms);
+            row(&format!("{name} [{file}, {shape}, {} blocks of {block}]", cfg.grid), values, ms);
         }
     }
     Ok(())
