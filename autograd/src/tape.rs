@@ -176,7 +176,8 @@ type UniformBackwardFn = Box<dyn FnOnce(f64) -> Result<Vec<Option<Grad>>> + Send
 /// fill, `sum`'s broadcast kernel, and the read of a gradient tensor in `add_mul`'s backward.
 /// A uniform value is kept in f64 until it is filled in or passed to a kernel (as f32), so in
 /// f16 or bf16 a scaled uniform gradient (`mean`'s `1/n`) can be one rounding more accurate
-/// than the same gradient carried as a tensor.
+/// than the same gradient carried as a tensor (and a chain of scales that overflows the storage
+/// dtype on the way can end finite).
 pub(crate) enum Grad {
     Tensor(Tensor),
     Uniform(Uniform),
@@ -632,7 +633,7 @@ impl Tape {
 
     /// As [`record`](Self::record), with a second backward for a uniform output gradient (see
     /// [`Grad`]); it must compute the same gradients as `backward` does from that gradient
-    /// filled into a tensor.
+    /// filled into a tensor, up to the roundings [`Grad`] describes.
     pub(crate) fn record_with_uniform(
         &self,
         op: impl Into<Cow<'static, str>>,

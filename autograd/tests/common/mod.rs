@@ -168,11 +168,11 @@ pub fn accumulation_and_backward_with(device: Device) -> Result<()> {
 /// `backward()` passes the loss's seed of 1 on as a uniform gradient (no tensor) through the ops
 /// that allow it; every case must get the same gradients as from an explicit tensor of ones,
 /// which takes the tensor path through every node. Bit for bit in f32 and f64 (the uniform
-/// values here are exact or rounded the same way); in bf16, a uniform value scaled by `mean`'s
-/// `1/n` keeps f32 precision, so within two roundings.
+/// values here are exact or rounded the same way); in f16 and bf16, a uniform value scaled by
+/// `mean`'s `1/n` keeps f32 precision, so within two roundings.
 pub fn uniform_gradients_match_tensor_gradients(device: Device) -> Result<()> {
     for (seed, (name, shapes, f)) in cases().into_iter().enumerate() {
-        for dtype in [DType::F64, DType::F32, DType::BF16] {
+        for dtype in [DType::F64, DType::F32, DType::F16, DType::BF16] {
             if device.is_cuda() && dtype == DType::F64 {
                 continue;
             }
@@ -193,7 +193,8 @@ pub fn uniform_gradients_match_tensor_gradients(device: Device) -> Result<()> {
             let (uniform, tensor) = (grads(true)?, grads(false)?);
             for (k, (u, t)) in uniform.iter().zip(&tensor).enumerate() {
                 for (i, (a, b)) in u.iter().zip(t).enumerate() {
-                    let allowed = if dtype == DType::BF16 { 2.0 * dtype.unit_roundoff() * b.abs() } else { 0.0 };
+                    let low_precision = matches!(dtype, DType::F16 | DType::BF16);
+                    let allowed = if low_precision { 2.0 * dtype.unit_roundoff() * b.abs() } else { 0.0 };
                     assert!(
                         (a - b).abs() <= allowed,
                         "{name} {dtype} on {device}: input {k}[{i}]: uniform {a} vs tensor {b}"

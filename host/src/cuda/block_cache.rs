@@ -14,7 +14,9 @@
 //! a block cached for it would have no stream left to order its reuse.
 //!
 //! [`CudaDevice::release_cached_memory`](super::CudaDevice::release_cached_memory) frees the
-//! blocks held here too, as an allocation that runs out of memory does before it retries.
+//! blocks held here too, as an allocation that runs out of memory does before it retries. There
+//! is no eviction: once the cache is full, blocks of sizes it does not hold are freed as
+//! before, until a release empties it.
 use cudarc::driver::CudaSlice;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -41,7 +43,11 @@ impl BlockCache {
     /// A kept block of exactly `bytes` bytes, if there is one.
     pub(crate) fn take(&self, bytes: usize) -> Option<CudaSlice<u8>> {
         let mut blocks = self.state.lock();
-        let block = blocks.by_size.get_mut(&bytes)?.pop()?;
+        let same_size = blocks.by_size.get_mut(&bytes)?;
+        let block = same_size.pop()?;
+        if same_size.is_empty() {
+            blocks.by_size.remove(&bytes); // sizes come and go with shapes: keep no empty lists
+        }
         blocks.bytes -= bytes;
         Some(block)
     }

@@ -327,6 +327,7 @@ impl CudaDevice {
     /// ```
     pub fn release_cached_memory(&self) -> Result<()> {
         use cudarc::driver::sys;
+        self.bind()?; // the cached blocks are freed through this device's context
         self.0.blocks.clear();
         self.synchronize()?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();

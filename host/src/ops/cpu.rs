@@ -102,22 +102,23 @@ fn compute_f16_in_chunks<T: Element>(op: Elementwise, ins: &[ArrayView1<'_, T>],
     let mut outs: SmallVec<[&mut [f16]; 3]> =
         outs.iter_mut().map(|v| bytemuck::cast_slice_mut(v.as_slice_mut().unwrap_or(&mut []))).collect();
     let len = outs.first().map_or(0, |o| o.len());
-    let mut wide_in = vec![0f32; F16_CHUNK * ins.len()];
-    let mut wide_out = vec![0f32; F16_CHUNK * outs.len()];
-    for start in (0..len).step_by(F16_CHUNK) {
-        let end = (start + F16_CHUNK).min(len);
+    let chunk = len.clamp(1, F16_CHUNK); // small tensors get small buffers
+    let mut wide_in = vec![0f32; chunk * ins.len()];
+    let mut wide_out = vec![0f32; chunk * outs.len()];
+    for start in (0..len).step_by(chunk) {
+        let end = (start + chunk).min(len);
         let m = end - start;
-        for (x, wide) in ins.iter().zip(wide_in.chunks_mut(F16_CHUNK)) {
+        for (x, wide) in ins.iter().zip(wide_in.chunks_mut(chunk)) {
             x[start..end].convert_to_f32_slice(&mut wide[..m]);
         }
         {
             let views: SmallVec<[ArrayView1<'_, f32>; 4]> =
-                wide_in.chunks(F16_CHUNK).map(|c| ArrayView1::from(&c[..m])).collect();
+                wide_in.chunks(chunk).map(|c| ArrayView1::from(&c[..m])).collect();
             let mut out_views: SmallVec<[ArrayViewMut1<'_, f32>; 3]> =
-                wide_out.chunks_mut(F16_CHUNK).map(|c| ArrayViewMut1::from(&mut c[..m])).collect();
+                wide_out.chunks_mut(chunk).map(|c| ArrayViewMut1::from(&mut c[..m])).collect();
             compute_dispatch::<f32>(op, &views, &mut out_views);
         }
-        for (o, wide) in outs.iter_mut().zip(wide_out.chunks(F16_CHUNK)) {
+        for (o, wide) in outs.iter_mut().zip(wide_out.chunks(chunk)) {
             o[start..end].convert_from_f32_slice(&wide[..m]);
         }
     }

@@ -232,12 +232,14 @@ pub fn affine_into(x: &Tensor, alpha: f64, beta: f64, out: &Tensor) -> Result<()
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
 /// use opsmith_host::{Device, Tensor, ops};
-/// let x = Tensor::from_vec(vec![1.0f32, -0.0], [2], Device::Cpu)?;
-/// assert_eq!(ops::neg(&x)?.to_vec::<f32>()?, [-1.0, 0.0]);
+/// let x = Tensor::from_vec(vec![1.0f32, -0.0, 0.0], [3], Device::Cpu)?;
+/// let y = ops::neg(&x)?.to_vec::<f32>()?;
+/// assert_eq!(y, [-1.0, 0.0, -0.0]);
+/// assert!(y[1].is_sign_positive() && y[2].is_sign_negative()); // -(-0) = +0, -(+0) = -0
 /// # Ok(()) }
 /// ```
 pub fn neg(x: &Tensor) -> Result<Tensor> {
-    affine(x, -1.0, 0.0)
+    scale(x, -1.0)
 }
 
 /// `x * alpha` for a scalar `alpha`.
@@ -250,7 +252,9 @@ pub fn neg(x: &Tensor) -> Result<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn scale(x: &Tensor, alpha: f64) -> Result<Tensor> {
-    affine(x, alpha, 0.0)
+    // `x * alpha + (-0)` is exactly `x * alpha`, sign of zero included (`+0` would turn a
+    // product of -0 into +0).
+    affine(x, alpha, -0.0)
 }
 
 /// `x + beta` for a scalar `beta`.
