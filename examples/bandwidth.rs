@@ -95,10 +95,10 @@ fn main() -> Result<()> {
     let dev = CudaDevice::get(ordinal)?;
     let (cc_major, cc_minor) = dev.compute_capability()?;
     println!(
-        "{} (sm_{cc_major}{cc_minor}, {} SMs), embedded PTX for {}",
+        "{} (sm_{cc_major}{cc_minor}, {} SMs), kernels from the {}",
         dev.name()?,
         dev.sm_count(),
-        opsmith::cuda::EMBEDDED_PTX_ARCH
+        opsmith::cuda::prebuilt::choose_image(cc_major, cc_minor)
     );
     // `--host-only`: just the host-overhead table (quick, for repeated runs beside torch's).
     if args.iter().any(|a| a == "--host-only") {
@@ -408,7 +408,7 @@ fn small_tensor_overhead(dev: &CudaDevice, device: Device) -> Result<()> {
         dev.synchronize()?;
         Ok(start.elapsed().as_secs_f64() * 1e6 / ITER as f64)
     };
-    let spin = dev.kernels()?.kernel(opsmith::kernels::names::SPIN)?;
+    let spin = dev.kernel(opsmith::kernels::names::SPIN)?;
     let stream = dev.current_stream();
     let one_warp = LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 };
     // SAFETY: `spin_ns(ns: u64)` takes one 64-bit parameter and touches no memory.

@@ -4,17 +4,26 @@
 //! ```text
 //! cargo run --release --example doctor
 //! ```
-use opsmith::cuda::{self, CudaDevice, EMBEDDED_PTX, EMBEDDED_PTX_ARCH};
+use opsmith::cuda::{self, CudaDevice, prebuilt};
+use opsmith::kernels::Family;
+use opsmith::kernels::prebuilt::{CUBIN_ARCHS, PTX_ARCH};
 use std::process::Command;
 
 fn main() {
     let mut problems: Vec<(String, String)> = Vec::new();
     println!("opsmith {}", env!("CARGO_PKG_VERSION"));
-    let ptx_version = EMBEDDED_PTX.lines().find_map(|l| l.strip_prefix(".version ")).unwrap_or("?");
+    let ptx_version = prebuilt::ptx(Family::Elementwise)
+        .ok()
+        .and_then(|ptx| ptx.lines().find_map(|l| l.strip_prefix(".version ").map(String::from)))
+        .unwrap_or_else(|| "?".into());
+    let archs: Vec<String> = CUBIN_ARCHS.iter().map(|a| format!("sm_{a}")).collect();
     println!(
-        "embedded PTX: target {EMBEDDED_PTX_ARCH}, PTX ISA {ptx_version}, {} kernels",
-        opsmith::kernels::names::all_kernel_names().count()
+        "shipped kernels: {} in {} families; PTX for {PTX_ARCH} (PTX ISA {ptx_version}), cubins for {}",
+        opsmith::kernels::names::all_kernel_names().count(),
+        Family::ALL.len(),
+        archs.join(", ")
     );
+    println!("driver JIT cache (used for PTX only): {}", jit_cache());
 
     // The driver and the GPUs.
     if !cuda::driver_available() {
@@ -75,35 +84,17 @@ fn main() {
         Err(e) => problems.push((format!("NCCL: {e}"), "reinstall NCCL".into())),
     }
 
-    // The toolchain that builds the kernels (needed to build opsmith, not to run it).
+    // Building opsmith needs any stable rustc; only writing kernels of your own needs a
+    // nightly with rust-src, so this is information, not a problem.
     let rustc = Command::new("rustc")
         .arg("--version")
         .output()
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     match rustc {
-        Some(v) if v.contains("nightly") => println!("rustc: {v}"),
-        Some(v) => {
-            println!("rustc: {v}");
-            problems.push((
-                "the rustc on PATH is not a nightly (building the kernels needs -Zbuild-std)".into(),
-                "run `rustup toolchain install` in the repository root; rust-toolchain.toml pins the nightly".into(),
-            ));
-        }
+        Some(v) if v.contains("nightly") => println!("rustc: {v} (can build kernels of your own, with rust-src)"),
+        Some(v) => println!("rustc: {v} (builds opsmith; kernels of your own need a nightly with rust-src)"),
         None => println!("rustc: not on PATH (only needed to build)"),
-    }
-    if let Ok(out) = Command::new("rustup").args(["component", "list", "--installed"]).output() {
-        let installed = String::from_utf8_lossy(&out.stdout);
-        for component in ["rust-src", "llvm-tools"] {
-            let present = installed.lines().any(|l| l.starts_with(component));
-            println!("component {component}: {}", if present { "installed" } else { "missing" });
-            if !present {
-                problems.push((
-                    format!("rustup component {component} is missing"),
-                    format!("rustup component add {component}"),
-                ));
-            }
-        }
     }
 
     println!();
@@ -144,13 +135,30 @@ fn describe(ordinal: usize, problems: &mut Vec<(String, String)>) {
             "use a newer GPU, or Device::Cpu".into(),
         ));
     }
-    match dev.kernels() {
-        Ok(_) => println!("cuda:{ordinal}: opsmith's PTX module loads"),
-        Err(e) => problems.push((
-            format!("cuda:{ordinal} rejects the embedded PTX: {e}"),
-            "the driver is older than the PTX ISA version above: update the NVIDIA driver, or rebuild with OPSMITH_PTX_ARCH set to an older target".into(),
-        )),
+    println!("cuda:{ordinal}: kernels load from the {}", prebuilt::choose_image(major, minor));
+    for family in Family::ALL {
+        if let Err(e) = dev.module(family) {
+            problems.push((
+                format!("cuda:{ordinal} cannot load the {} kernels: {e}", family.name()),
+                "the driver is older than the PTX ISA version above: update the NVIDIA driver".into(),
+            ));
+        }
     }
+    for m in dev.loaded_modules() {
+        let note = m.note.map(|n| format!(" ({n})")).unwrap_or_default();
+        println!("    {:>12}: {} in {:.1} ms{note}", m.family.name(), m.image, m.load_time.as_secs_f64() * 1e3);
+    }
+}
+
+/// The driver's on-disk cache of compiled PTX, as its environment variables set it.
+fn jit_cache() -> String {
+    let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+    if var("CUDA_CACHE_DISABLE").is_some_and(|v| v == "1") {
+        return "off (CUDA_CACHE_DISABLE=1): PTX is compiled again in every process".into();
+    }
+    let path = var("CUDA_CACHE_PATH").unwrap_or_else(|| "~/.nv/ComputeCache".into());
+    let size = var("CUDA_CACHE_MAXSIZE").map(|s| format!(", at most {s} bytes")).unwrap_or_default();
+    format!("on, in {path}{size}")
 }
 
 /// Which pairs of GPUs copy to each other directly (`Tensor::to_device` between them skips the

@@ -35,7 +35,7 @@ fn main() -> Result<()> {
         return Ok(());
     };
     let dev = CudaDevice::get(ordinal)?;
-    let kernel = dev.kernels()?.kernel(opsmith::kernels::names::F32.add)?;
+    let kernel = dev.kernel(opsmith::kernels::names::F32.add)?;
     let out = Tensor::full(f64::NAN, [n], DType::F32, device)?; // poisoned: unwritten elements show
     let cfg = LaunchConfig::grid_stride(&kernel, (n as u64).div_ceil(4), DEFAULT_BLOCK)?;
     let args = [KernelArg::Input(&ta), KernelArg::Input(&tb), KernelArg::Output(&out), KernelArg::U64(n as u64)];

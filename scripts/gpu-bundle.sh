@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Builds everything the GPU machine runs into one folder (default: gpu-bundle/, git-ignored):
-# the GPU, CPU and PTX test binaries, the examples, an sm_90 build of the kernels for comparison,
-# and run.sh, which runs them there. The GPU machine needs the NVIDIA driver, nothing from Rust.
+# the GPU test binaries, the examples and the benches, and run.sh, which runs them there. The GPU machine needs the NVIDIA driver, nothing from Rust.
 #
 #   scripts/gpu-bundle.sh [OUT_DIR]
 #   # copy OUT_DIR to the GPU machine, then: OUT_DIR/run.sh [test|sanitize|bench|all]
@@ -43,16 +42,12 @@ echo "building the criterion benches" >&2
 cargo bench --no-run -p opsmith --message-format=json \
   | executables | while read -r name path; do cp "$path" "$out/bin/$name"; done
 cp benches/torch_compare.py "$out/"
-echo "building the kernels for sm_90 too" >&2
-cargo run --release -q -p opsmith-ptx-builder -- kernels-gpu --arch sm_90 --out target/ptx-sm_90 >&2
-mkdir -p "$out/ptx"
-cp target/ptx-sm_90/*.ptx "$out/ptx/"
 
 # Symbols and debug info are not needed there; the carry to a GPU machine is size-limited.
 strip "$out"/bin/*
-# Every binary embeds the kernels' PTX text, which compresses about 4x; run.sh unpacks it.
-tar -C "$out" -czf "$out/bin.tar.gz" bin ptx
-rm -rf "${out:?}/bin" "${out:?}/ptx"
+# Every binary embeds the kernels (compressed already); the binaries' code compresses about 3x; run.sh unpacks them.
+tar -C "$out" -czf "$out/bin.tar.gz" bin
+rm -rf "${out:?}/bin"
 cp scripts/gpu-run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
 tar -tzf "$out/bin.tar.gz" | grep "^bin/." >&2

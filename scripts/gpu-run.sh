@@ -73,7 +73,7 @@ if [[ $what == sanitize || $what == all ]]; then
   done
 fi
 if [[ $what == bench || $what == all ]]; then
-  run bandwidth "$here/bin/bandwidth" --out "$logs" --ptx "$(ls "$here"/ptx/*.ptx | head -1)"
+  run bandwidth "$here/bin/bandwidth" --out "$logs"
   run torch-compare python3 "$here/torch_compare.py"
   # The CUDA groups of `cargo bench` (criterion); the CPU groups are better run where you build.
   run criterion "$here/bin/bench-fused" --bench cuda/

@@ -218,6 +218,14 @@ pub enum Error {
         /// The driver's error and its JIT log.
         reason: String,
     },
+    /// A kernel image embedded in opsmith does not decompress: the crate's files are damaged.
+    #[error("opsmith's embedded {image} is damaged ({reason}); reinstall the opsmith-host crate")]
+    DamagedKernelImage {
+        /// Which image: the family and the PTX or cubin.
+        image: String,
+        /// What the decompressor said.
+        reason: String,
+    },
     /// A module has no kernel of that name.
     #[error("module `{module}` has no kernel `{kernel}`")]
     KernelNotFound {

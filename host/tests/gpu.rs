@@ -73,7 +73,7 @@ fn views_at_odd_offsets_are_unaligned() -> Result<()> {
 #[test]
 fn grid_is_sized_for_the_device() -> Result<()> {
     let dev = CudaDevice::get(0)?;
-    let kernel = dev.kernels()?.kernel(opsmith_kernels::names::F32.add)?;
+    let kernel = dev.kernel(opsmith_kernels::names::F32.add)?;
     let small = LaunchConfig::grid_stride(&kernel, 1000, 256)?;
     assert_eq!(small.grid, 4);
     let per_sm = kernel.max_active_blocks_per_sm(256)?;
@@ -88,9 +88,9 @@ fn grid_is_sized_for_the_device() -> Result<()> {
 fn every_kernel_name_resolves_in_the_embedded_module() -> Result<()> {
     let dev = CudaDevice::get(0)?;
     for name in opsmith_kernels::names::all_kernel_names() {
-        dev.kernels()?.kernel(name)?;
+        dev.kernel(name)?;
     }
-    assert!(matches!(dev.kernels()?.kernel("no_such_kernel"), Err(Error::KernelNotFound { .. })));
+    assert!(matches!(dev.kernel("no_such_kernel"), Err(Error::KernelNotFound { .. })));
     Ok(())
 }
 

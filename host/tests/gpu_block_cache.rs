@@ -13,7 +13,7 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// Holds `stream` for `ms` milliseconds with the spin kernel, so that what is queued after it
 /// there is still waiting when the host does the next thing.
 fn hold(stream: &Stream, ms: u64) -> Result<()> {
-    let spin = stream.device().kernels()?.kernel(opsmith_kernels::names::SPIN)?;
+    let spin = stream.device().kernel(opsmith_kernels::names::SPIN)?;
     let one_warp = LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 };
     // SAFETY: `spin_ns(ns: u64)` takes one 64-bit parameter and touches no memory.
     unsafe { spin.launch(stream, one_warp, &[KernelArg::U64(ms * 1_000_000)]) }

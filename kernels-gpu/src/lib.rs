@@ -2,16 +2,17 @@
 //!
 //! This crate is compiled twice:
 //!
-//! * for `nvptx64-nvidia-cuda`, by `host/build.rs` (through `opsmith-ptx-builder`), into the PTX
-//!   module that `opsmith-host` embeds. Only that build contains the kernels themselves and the
-//!   device-side std in `device`.
+//! * for `nvptx64-nvidia-cuda`, once per kernel [`Family`] (a cargo feature each), by
+//!   `cargo xtask kernels` (through `opsmith-ptx-builder`), into the PTX and cubins that
+//!   `opsmith-host` ships in `host/prebuilt/` and embeds. Only that build contains the kernels
+//!   themselves and the device-side std in `device`; it needs the pinned nightly.
 //! * for the host, as an ordinary dependency of `opsmith-host`. That build contains only the
 //!   kernel *name tables* ([`names`]) and pure arithmetic: the conversions in [`convert`], and
 //!   the activation and optimizer formulas ([`activation`], [`optim`], generic over
 //!   [`real::Real`]) that the CPU backend runs as well, so that it computes what the kernels do,
 //!   operation for operation. The host refers to kernels through the same identifiers the
 //!   kernels are defined with: a renamed kernel is a compile error on the host, never a missing
-//!   symbol at a user's run time.
+//!   symbol at a user's run time. This build works on stable Rust.
 //!
 //! ```
 //! use opsmith_kernels::names;
@@ -31,21 +32,32 @@
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
+// A kernel family's module holds its name table (host and device) and its kernels (nvptx64
+// only). A PTX build compiles only the families its cargo features name, so each family
+// becomes a module of its own that the host loads on first use; the host build has them all.
+#[cfg(any(not(target_arch = "nvptx64"), feature = "activation"))]
 pub mod activation;
 pub mod convert;
 #[cfg(target_arch = "nvptx64")]
 pub mod device;
+#[cfg(any(not(target_arch = "nvptx64"), feature = "elementwise"))]
 mod elementwise;
+#[cfg(any(not(target_arch = "nvptx64"), feature = "loss"))]
 mod loss;
 pub mod names;
+#[cfg(any(not(target_arch = "nvptx64"), feature = "optimizer"))]
 pub mod optim;
+pub mod prebuilt;
 pub mod real;
+#[cfg(any(not(target_arch = "nvptx64"), feature = "reduction"))]
 mod reduction;
+#[cfg(any(not(target_arch = "nvptx64"), feature = "softmax"))]
 mod softmax;
+#[cfg(any(not(target_arch = "nvptx64"), feature = "timing"))]
 mod timing;
 
 pub use names::{
-    ActivationKernels, ElementwiseKernels, LossKernels, OptimizerKernels, ReductionKernels, SoftmaxKernels,
+    ActivationKernels, ElementwiseKernels, Family, LossKernels, OptimizerKernels, ReductionKernels, SoftmaxKernels,
 };
 
 /// The kernels never unwind: a panic on the device stops the thread with a trap, which the host

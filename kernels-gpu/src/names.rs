@@ -280,6 +280,7 @@ impl LossKernels {
     }
 }
 
+#[cfg(not(target_arch = "nvptx64"))]
 pub use crate::elementwise::{BF16, F16, F32};
 
 /// The reduction tables, by dtype.
@@ -287,48 +288,60 @@ pub use crate::elementwise::{BF16, F16, F32};
 /// ```
 /// assert_eq!(opsmith_kernels::names::reduction::BF16.add_row, "add_row_bf16");
 /// ```
+#[cfg(not(target_arch = "nvptx64"))]
 pub mod reduction {
     pub use crate::reduction::{BF16, F16, F32};
 }
 
 /// The activation tables, by dtype.
+#[cfg(not(target_arch = "nvptx64"))]
 pub mod activation {
     pub use crate::activation::{BF16, F16, F32};
 }
 
 /// The optimizer tables, by dtype (f32 only).
+#[cfg(not(target_arch = "nvptx64"))]
 pub mod optim {
     pub use crate::optim::F32;
 }
 
 /// The softmax tables, by dtype.
+#[cfg(not(target_arch = "nvptx64"))]
 pub mod softmax {
     pub use crate::softmax::{BF16, F16, F32};
 }
 
 /// The loss tables, by dtype.
+#[cfg(not(target_arch = "nvptx64"))]
 pub mod loss {
     pub use crate::loss::{BF16, F16, F32};
 }
 
+#[cfg(not(target_arch = "nvptx64"))]
 pub use crate::timing::SPIN;
 
 /// Every elementwise kernel table this crate defines.
+#[cfg(not(target_arch = "nvptx64"))]
 pub const ALL_ELEMENTWISE: [ElementwiseKernels; 3] = [F32, F16, BF16];
 
 /// Every reduction kernel table this crate defines.
+#[cfg(not(target_arch = "nvptx64"))]
 pub const ALL_REDUCTION: [ReductionKernels; 3] = [reduction::F32, reduction::F16, reduction::BF16];
 
 /// Every activation kernel table this crate defines.
+#[cfg(not(target_arch = "nvptx64"))]
 pub const ALL_ACTIVATION: [ActivationKernels; 3] = [activation::F32, activation::F16, activation::BF16];
 
 /// Every optimizer kernel table this crate defines.
+#[cfg(not(target_arch = "nvptx64"))]
 pub const ALL_OPTIMIZER: [OptimizerKernels; 1] = [optim::F32];
 
 /// Every softmax kernel table this crate defines.
+#[cfg(not(target_arch = "nvptx64"))]
 pub const ALL_SOFTMAX: [SoftmaxKernels; 3] = [softmax::F32, softmax::F16, softmax::BF16];
 
 /// Every loss kernel table this crate defines.
+#[cfg(not(target_arch = "nvptx64"))]
 pub const ALL_LOSS: [LossKernels; 3] = [loss::F32, loss::F16, loss::BF16];
 
 /// Every kernel name of the crate, for checks that the PTX defines exactly these.
@@ -341,16 +354,90 @@ pub const ALL_LOSS: [LossKernels; 3] = [loss::F32, loss::F16, loss::BF16];
 /// assert_eq!(names.len(), 3 * (8 + 5 + 6 + 2 * (3 + 1 + 1) + 4) + 3 + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
+#[cfg(not(target_arch = "nvptx64"))]
 pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {
-    ALL_ELEMENTWISE
-        .into_iter()
-        .flat_map(|t| t.all())
-        .chain(ALL_REDUCTION.into_iter().flat_map(|t| t.all()))
-        .chain(ALL_ACTIVATION.into_iter().flat_map(|t| t.all()))
-        .chain(ALL_OPTIMIZER.into_iter().flat_map(|t| t.all()))
-        .chain(ALL_SOFTMAX.into_iter().flat_map(|t| t.all()))
-        .chain(ALL_LOSS.into_iter().flat_map(|t| t.all()))
-        .chain([SPIN])
+    Family::ALL.into_iter().flat_map(Family::kernel_names)
+}
+
+/// A kernel family: the kernels of one source module, built into one PTX module (and its
+/// cubins) of its own, which the host loads the first time one of its kernels is launched.
+///
+/// ```
+/// use opsmith_kernels::Family;
+/// assert_eq!(Family::of("softmax_f32_v32"), Some(Family::Softmax));
+/// assert_eq!(Family::of("add_bf16"), Some(Family::Elementwise));
+/// assert_eq!(Family::of("no_such_kernel"), None);
+/// assert_eq!(Family::Loss.name(), "loss"); // also its cargo feature, and its file name
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// `add`, `sub`, `mul`, `affine`, `fused_mul_add`, `add_mul` and its backwards.
+    Elementwise,
+    /// Whole-tensor sums, scalar broadcast, `add_row`, `sum_rows`.
+    Reduction,
+    /// `relu`, `gelu`, `silu` and their backwards.
+    Activation,
+    /// SGD (plain and momentum) and Adam steps.
+    Optimizer,
+    /// Softmax forward and backward, by row length.
+    Softmax,
+    /// Cross-entropy and mean squared error, forward and backward.
+    Loss,
+    /// `spin_ns`, the benchmarks' busy-wait.
+    Timing,
+}
+
+impl Family {
+    /// Every family, in the order the modules are shipped.
+    pub const ALL: [Family; 7] = [
+        Family::Elementwise,
+        Family::Reduction,
+        Family::Activation,
+        Family::Optimizer,
+        Family::Softmax,
+        Family::Loss,
+        Family::Timing,
+    ];
+
+    /// The family's name: its cargo feature in this crate, and the stem of its shipped files.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Family::Elementwise => "elementwise",
+            Family::Reduction => "reduction",
+            Family::Activation => "activation",
+            Family::Optimizer => "optimizer",
+            Family::Softmax => "softmax",
+            Family::Loss => "loss",
+            Family::Timing => "timing",
+        }
+    }
+
+    /// The kernels of this family, every dtype.
+    ///
+    /// ```
+    /// use opsmith_kernels::Family;
+    /// let timing: Vec<&str> = Family::Timing.kernel_names().collect();
+    /// assert_eq!(timing, ["spin_ns"]);
+    /// ```
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn kernel_names(self) -> std::boxed::Box<dyn Iterator<Item = &'static str>> {
+        use std::boxed::Box;
+        match self {
+            Family::Elementwise => Box::new(ALL_ELEMENTWISE.into_iter().flat_map(|t| t.all())),
+            Family::Reduction => Box::new(ALL_REDUCTION.into_iter().flat_map(|t| t.all())),
+            Family::Activation => Box::new(ALL_ACTIVATION.into_iter().flat_map(|t| t.all())),
+            Family::Optimizer => Box::new(ALL_OPTIMIZER.into_iter().flat_map(|t| t.all())),
+            Family::Softmax => Box::new(ALL_SOFTMAX.into_iter().flat_map(|t| t.all())),
+            Family::Loss => Box::new(ALL_LOSS.into_iter().flat_map(|t| t.all())),
+            Family::Timing => Box::new([SPIN].into_iter()),
+        }
+    }
+
+    /// The family that defines the kernel `name`, if any.
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn of(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|family| family.kernel_names().any(|k| k == name))
+    }
 }
 
 #[cfg(test)]
@@ -360,6 +447,13 @@ mod tests {
     /// Every row length goes to a kernel that holds it; the block kernels get whole warps, the
     /// fewest that hold the row, at most their largest block; past every capacity, the long
     /// kernels.
+    #[test]
+    fn families_index_their_position() {
+        for (i, family) in Family::ALL.into_iter().enumerate() {
+            assert_eq!(family as usize, i);
+        }
+    }
+
     #[test]
     fn every_row_length_has_a_kernel() {
         for table in ALL_SOFTMAX {

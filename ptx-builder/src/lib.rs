@@ -38,6 +38,10 @@ pub const NVPTX_TARGET: &str = "nvptx64-nvidia-cuda";
 /// kernels are memory-bound streaming loops, which use no instruction newer than Volta's.
 pub const DEFAULT_ARCH: &str = "sm_70";
 
+/// The nightly that opsmith's own kernels are built and tested with (its `rust-toolchain.toml`).
+/// Install it with `rustup toolchain install nightly-2026-05-20 --component rust-src`.
+pub const PINNED_TOOLCHAIN: &str = "nightly-2026-05-20";
+
 /// Why the PTX build failed, with what to do about it.
 ///
 /// ```
@@ -67,14 +71,26 @@ pub enum PtxBuildError {
     /// The active toolchain is not a nightly one.
     #[error(
         "building kernels to PTX needs a nightly rustc (for -Zbuild-std), but `{rustc}` is `{version}`. \
-         Run `rustup toolchain install` in the repository root: it installs the toolchain that \
-         rust-toolchain.toml pins, with the components the build needs"
+         Install one beside your toolchain with `rustup toolchain install {PINNED_TOOLCHAIN} \
+         --component rust-src` and build with `PtxBuilder::toolchain(PINNED_TOOLCHAIN)`, or commit \
+         the PTX and embed it, which needs no nightly at all"
     )]
     NotNightly {
         /// The rustc that was asked.
         rustc: String,
         /// What it reported.
         version: String,
+    },
+    /// The rustup toolchain asked for with [`PtxBuilder::toolchain`] could not run rustc.
+    #[error(
+        "the toolchain `{toolchain}` could not run rustc ({stderr}). Install it with \
+         `rustup toolchain install {toolchain} --component rust-src`"
+    )]
+    ToolchainMissing {
+        /// The toolchain asked for.
+        toolchain: String,
+        /// What rustup said.
+        stderr: String,
     },
     /// The `rust-src` component is missing, so `core` cannot be built for nvptx64.
     #[error(
@@ -178,6 +194,9 @@ pub struct PtxBuilder {
     arch: String,
     out_dir: Option<PathBuf>,
     rerun_if_changed: bool,
+    features: Vec<String>,
+    default_features: bool,
+    toolchain: Option<String>,
 }
 
 impl PtxBuilder {
@@ -189,7 +208,56 @@ impl PtxBuilder {
     /// assert!(format!("{builder:?}").contains(DEFAULT_ARCH));
     /// ```
     pub fn new(crate_dir: impl Into<PathBuf>) -> Self {
-        Self { crate_dir: crate_dir.into(), arch: DEFAULT_ARCH.into(), out_dir: None, rerun_if_changed: true }
+        Self {
+            crate_dir: crate_dir.into(),
+            arch: DEFAULT_ARCH.into(),
+            out_dir: None,
+            rerun_if_changed: true,
+            features: Vec::new(),
+            default_features: true,
+            toolchain: None,
+        }
+    }
+
+    /// Cargo features of the kernel crate to enable (as `--features`); with
+    /// [`default_features(false)`](Self::default_features), a build can hold a subset of the
+    /// crate's kernels, as opsmith builds one module per kernel family.
+    ///
+    /// ```
+    /// use opsmith_ptx_builder::PtxBuilder;
+    /// let softmax_only = PtxBuilder::new("kernels-gpu").default_features(false).features(["softmax"]);
+    /// assert!(format!("{softmax_only:?}").contains("softmax"));
+    /// ```
+    pub fn features<I: IntoIterator<Item = S>, S: Into<String>>(mut self, features: I) -> Self {
+        self.features.extend(features.into_iter().map(Into::into));
+        self
+    }
+
+    /// Whether the kernel crate's default features are on (default: yes).
+    ///
+    /// ```
+    /// use opsmith_ptx_builder::PtxBuilder;
+    /// let builder = PtxBuilder::new("kernels").default_features(false);
+    /// assert!(format!("{builder:?}").contains("default_features: false"));
+    /// ```
+    pub fn default_features(mut self, yes: bool) -> Self {
+        self.default_features = yes;
+        self
+    }
+
+    /// Builds with this rustup toolchain (`rustup run <toolchain> cargo …`) instead of the one
+    /// the build runs under. This lets a crate that builds on stable Rust compile its kernel
+    /// crate from its `build.rs` with a nightly that is installed beside it, for example
+    /// [`PINNED_TOOLCHAIN`].
+    ///
+    /// ```
+    /// use opsmith_ptx_builder::{PINNED_TOOLCHAIN, PtxBuilder};
+    /// let builder = PtxBuilder::new("kernels").toolchain(PINNED_TOOLCHAIN);
+    /// assert!(format!("{builder:?}").contains(PINNED_TOOLCHAIN));
+    /// ```
+    pub fn toolchain(mut self, toolchain: impl Into<String>) -> Self {
+        self.toolchain = Some(toolchain.into());
+        self
     }
 
     /// The `sm_XY` architecture to generate PTX for (default [`DEFAULT_ARCH`]).
@@ -259,11 +327,24 @@ impl PtxBuilder {
             println!("cargo::rerun-if-changed={}", self.crate_dir.join("src").display());
             println!("cargo::rerun-if-changed={}", manifest.display());
         }
-        check_toolchain()?;
+        check_toolchain(self.toolchain.as_deref())?;
 
         let target_dir = out_dir.join("ptx-build");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(&cargo);
+        let (mut cmd, cargo) = match &self.toolchain {
+            Some(toolchain) => {
+                let mut cmd = Command::new("rustup");
+                cmd.args(["run", toolchain, "cargo"]);
+                // The parent's tools belong to another toolchain.
+                for var in ["CARGO", "RUSTC", "RUSTDOC", "RUSTUP_TOOLCHAIN"] {
+                    cmd.env_remove(var);
+                }
+                (cmd, format!("rustup run {toolchain} cargo"))
+            }
+            None => {
+                let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+                (Command::new(&cargo), cargo)
+            }
+        };
         // Variables a parent cargo sets for build scripts that would leak host-only settings
         // (rustflags, a clippy or coverage wrapper) into the nvptx build.
         for var in [
@@ -282,8 +363,14 @@ impl PtxBuilder {
             .arg("--manifest-path")
             .arg(&manifest)
             .args(["--lib", "--release", "--crate-type", "cdylib"])
-            .args(["--target", NVPTX_TARGET, "-Zbuild-std=core"])
-            .arg("--target-dir")
+            .args(["--target", NVPTX_TARGET, "-Zbuild-std=core"]);
+        if !self.default_features {
+            cmd.arg("--no-default-features");
+        }
+        if !self.features.is_empty() {
+            cmd.arg("--features").arg(self.features.join(","));
+        }
+        cmd.arg("--target-dir")
             .arg(&target_dir)
             .args(["--config", "profile.release.lto=\"fat\""])
             .args(["--config", "profile.release.panic=\"abort\""])
@@ -347,6 +434,27 @@ pub fn extern_functions(ptx: &str) -> Vec<String> {
     ptx.lines().filter(|line| line.contains(".extern .func")).map(|line| line.trim().to_string()).collect()
 }
 
+/// Finds NVIDIA's `ptxas`: `$OPSMITH_PTXAS`, else `ptxas` on the `PATH`, else the one that
+/// `pip install nvidia-cuda-nvcc` puts beside Python's packages. `None` when there is none.
+///
+/// ```
+/// if let Some(ptxas) = opsmith_ptx_builder::find_ptxas() {
+///     println!("assembling with {}", ptxas.display());
+/// }
+/// ```
+pub fn find_ptxas() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("OPSMITH_PTXAS") {
+        return Some(path.into());
+    }
+    if Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Some("ptxas".into());
+    }
+    let script = "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'bin', 'ptxas'))";
+    let out = Command::new("python3").args(["-c", script]).output().ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    path.is_file().then_some(path)
+}
+
 fn read(path: &Path) -> Result<String, PtxBuildError> {
     std::fs::read_to_string(path).map_err(|source| PtxBuildError::Io { path: path.into(), source })
 }
@@ -368,14 +476,29 @@ fn package_name(manifest: &Path) -> Result<String, PtxBuildError> {
 }
 
 /// Fails early, with an instruction, when the toolchain cannot build for nvptx64.
-fn check_toolchain() -> Result<(), PtxBuildError> {
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+fn check_toolchain(toolchain: Option<&str>) -> Result<(), PtxBuildError> {
+    let rustc = match toolchain {
+        Some(toolchain) => format!("rustup run {toolchain} rustc"),
+        None => std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()),
+    };
     let run = |args: &[&str]| -> Result<String, PtxBuildError> {
-        let out = Command::new(&rustc).args(args).output().map_err(|source| PtxBuildError::ToolMissing {
+        let mut cmd = match toolchain {
+            Some(toolchain) => {
+                let mut cmd = Command::new("rustup");
+                cmd.args(["run", toolchain, "rustc"]).env_remove("RUSTC").env_remove("RUSTUP_TOOLCHAIN");
+                cmd
+            }
+            None => Command::new(&rustc),
+        };
+        let out = cmd.args(args).output().map_err(|source| PtxBuildError::ToolMissing {
             tool: rustc.clone(),
             source,
             hint: "Install Rust with rustup, then run `rustup toolchain install` in the repository root",
         })?;
+        if let (Some(toolchain), false) = (toolchain, out.status.success()) {
+            let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            return Err(PtxBuildError::ToolchainMissing { toolchain: toolchain.into(), stderr });
+        }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     let version = run(&["--version"])?;

@@ -1,11 +1,13 @@
-//! One shared context (and default stream, and loaded kernels) per CUDA device.
+//! One shared context (and default stream, and loaded kernel families) per CUDA device.
 use super::block_cache::BlockCache;
-use super::module::KernelModule;
+use super::module::{Kernel, KernelModule};
+use super::prebuilt::{self, Family, KernelImage};
 use super::stream::Stream;
 use crate::{Device, Error, Result};
 use cudarc::driver::{CudaContext, CudaStream, sys::CUdevice_attribute};
 use parking_lot::Mutex;
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// A CUDA device's shared state: its context, its default stream, and opsmith's kernels
 /// loaded into it. Cheap to clone; get one with [`CudaDevice::get`].
@@ -30,7 +32,8 @@ struct Inner {
     default_stream: Arc<CudaStream>,
     sm_count: u32,
     max_threads_per_sm: u32,
-    kernels: OnceLock<KernelModule>,
+    /// opsmith's kernel families, each loaded on the first use of one of its kernels.
+    families: [OnceLock<LoadedFamily>; Family::ALL.len()],
     /// Small freed blocks of the default stream, reused without a driver call.
     blocks: BlockCache,
 }
@@ -45,6 +48,38 @@ impl PartialEq for CudaDevice {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
+}
+
+/// A loaded kernel family of a device.
+struct LoadedFamily {
+    family: Family,
+    module: KernelModule,
+    image: KernelImage,
+    load_time: Duration,
+    note: Option<String>,
+}
+
+/// What [`CudaDevice::loaded_modules`] reports of one kernel family.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct LoadedModule {
+    /// The family.
+    pub family: Family,
+    /// The image it was loaded from.
+    pub image: KernelImage,
+    /// How long the load took, the driver's compilation of PTX included.
+    pub load_time: Duration,
+    /// Why a fitting cubin was not used, if one was refused.
+    pub note: Option<String>,
+}
+
+/// The family that defines one of opsmith's kernels: one hash lookup, as every launch asks.
+fn family_of(name: &str) -> Option<Family> {
+    static FAMILIES: OnceLock<std::collections::HashMap<&'static str, Family>> = OnceLock::new();
+    let map = FAMILIES.get_or_init(|| {
+        Family::ALL.into_iter().flat_map(|family| family.kernel_names().map(move |name| (name, family))).collect()
+    });
+    map.get(name).copied()
 }
 
 static REGISTRY: Mutex<Vec<Option<CudaDevice>>> = Mutex::new(Vec::new());
@@ -127,7 +162,7 @@ impl CudaDevice {
             default_stream,
             sm_count,
             max_threads_per_sm,
-            kernels: OnceLock::new(),
+            families: Default::default(),
             blocks: BlockCache::default(),
         })))
     }
@@ -289,23 +324,93 @@ impl CudaDevice {
         self.0.ctx.synchronize().map_err(|source| self.driver_error("cuCtxSynchronize", source))
     }
 
-    /// opsmith's own kernels, loaded into this device's context on first use.
+    /// One of opsmith's own kernels, by name, from its family's module (loaded on first use:
+    /// see [`module`](Self::module)). A name opsmith does not define is
+    /// [`Error::KernelNotFound`].
     ///
     /// ```
     /// # fn main() -> opsmith_host::Result<()> {
     /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
     /// use opsmith_host::cuda::CudaDevice;
-    /// let add = CudaDevice::get(0)?.kernels()?.kernel(opsmith_kernels::names::F32.add)?;
+    /// let add = CudaDevice::get(0)?.kernel(opsmith_kernels::names::F32.add)?;
     /// assert_eq!(add.name(), "add_f32");
     /// # Ok(()) }
     /// ```
-    pub fn kernels(&self) -> Result<&KernelModule> {
-        if let Some(module) = self.0.kernels.get() {
-            return Ok(module);
+    pub fn kernel(&self, name: &str) -> Result<Kernel> {
+        let Some(family) = family_of(name) else {
+            return Err(Error::KernelNotFound { module: "opsmith".into(), kernel: name.into() });
+        };
+        self.module(family)?.kernel(name)
+    }
+
+    /// The module of one of opsmith's kernel families, loaded into this device's context on
+    /// first use: the shipped cubin for this GPU when there is one, else the PTX, which the
+    /// driver compiles ([`prebuilt::choose_image`]). A cubin the driver refuses (one made by a
+    /// newer CUDA than the driver knows) falls back to the PTX.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::{CudaDevice, prebuilt::Family};
+    /// let dev = CudaDevice::get(0)?;
+    /// let module = dev.module(Family::Loss)?;
+    /// assert_eq!(module.name(), "opsmith/loss");
+    /// # Ok(()) }
+    /// ```
+    pub fn module(&self, family: Family) -> Result<&KernelModule> {
+        let slot = &self.0.families[family as usize];
+        if let Some(loaded) = slot.get() {
+            return Ok(&loaded.module);
         }
-        let module = KernelModule::from_ptx(&self.device(), "opsmith-kernels", super::EMBEDDED_PTX)?;
+        let loaded = self.load_family(family)?;
         // Another thread may have won the race; either module is equivalent.
-        Ok(self.0.kernels.get_or_init(|| module))
+        Ok(&slot.get_or_init(|| loaded).module)
+    }
+
+    /// The kernel families loaded on this device so far: which image each came from and how
+    /// long its load took (what `doctor` prints).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::{CudaDevice, prebuilt::Family};
+    /// let dev = CudaDevice::get(0)?;
+    /// dev.module(Family::Elementwise)?;
+    /// for m in dev.loaded_modules() {
+    ///     println!("{:?}: {} in {:?}", m.family, m.image, m.load_time);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn loaded_modules(&self) -> Vec<LoadedModule> {
+        let loaded = self.0.families.iter().filter_map(OnceLock::get);
+        loaded
+            .map(|l| LoadedModule { family: l.family, image: l.image, load_time: l.load_time, note: l.note.clone() })
+            .collect()
+    }
+
+    fn load_family(&self, family: Family) -> Result<LoadedFamily> {
+        let started = Instant::now();
+        let (major, minor) = self.compute_capability()?;
+        let name = format!("opsmith/{}", family.name());
+        let device = self.device();
+        let mut note = None;
+        if let KernelImage::Cubin { arch } = prebuilt::choose_image(major, minor)
+            && let Some(cubin) = prebuilt::cubin(family, arch)?
+        {
+            match KernelModule::from_cubin(&device, &name, &cubin) {
+                Ok(module) => {
+                    let image = KernelImage::Cubin { arch };
+                    return Ok(LoadedFamily { family, module, image, load_time: started.elapsed(), note });
+                }
+                // An older driver can refuse a cubin of a newer CUDA; the PTX still loads.
+                Err(Error::ModuleLoad { reason, .. }) => {
+                    note = Some(format!("the sm_{arch} cubin was refused: {reason}"))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let module = KernelModule::from_ptx(&device, &name, &prebuilt::ptx(family)?)?;
+        Ok(LoadedFamily { family, module, image: KernelImage::Ptx, load_time: started.elapsed(), note })
     }
 
     pub(crate) fn context(&self) -> &Arc<CudaContext> {

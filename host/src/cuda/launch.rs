@@ -50,7 +50,7 @@ impl LaunchConfig {
     /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
     /// use opsmith_host::cuda::{CudaDevice, LaunchConfig};
     /// let dev = CudaDevice::get(0)?;
-    /// let kernel = dev.kernels()?.kernel("add_f32")?;
+    /// let kernel = dev.kernel("add_f32")?;
     /// let small = LaunchConfig::grid_stride(&kernel, 1000, 256)?;
     /// assert_eq!(small.grid, 4); // one item per thread
     /// let large = LaunchConfig::grid_stride(&kernel, 1 << 30, 256)?;

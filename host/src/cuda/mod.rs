@@ -3,7 +3,8 @@
 //!
 //! * [`CudaDevice`]: one context per device, created on first use and shared.
 //! * [`Stream`] and [`Event`]: ordering and timing; ops run on the device's current stream.
-//! * [`KernelModule`] and [`Kernel`]: PTX modules (opsmith's embedded one, or third-party PTX).
+//! * [`KernelModule`] and [`Kernel`]: kernel modules, opsmith's own ([`prebuilt`]: PTX and
+//!   cubins per kernel family, loaded on first use) or third-party PTX and cubins.
 //! * [`LaunchConfig`]: checked launch geometry.
 //! * [`can_access_peer`]: whether two GPUs of this host reach each other's memory directly.
 //! * [`time_runs`]: event-timed medians of GPU work, for benchmarks.
@@ -31,14 +32,15 @@ mod device;
 mod launch;
 mod module;
 pub(crate) mod peer;
+pub mod prebuilt;
 mod stream;
 pub(crate) mod stream_order;
 mod timing;
 
 pub use blas::{cublas_available, cublas_handles, require_cublas};
-pub use device::CudaDevice;
+pub use device::{CudaDevice, LoadedModule};
 pub use launch::{DEFAULT_BLOCK, KernelArg, LaunchConfig, launch_blocking, len_as_u32};
-pub use module::{EMBEDDED_PTX, EMBEDDED_PTX_ARCH, Kernel, KernelModule};
+pub use module::{Kernel, KernelModule};
 pub use peer::can_access_peer;
 pub use stream::{Event, Stream, StreamGuard};
 pub use timing::{Timings, time_runs};

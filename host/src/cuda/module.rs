@@ -1,4 +1,4 @@
-//! PTX modules: opsmith's own, embedded at build time, and third-party PTX loaded at run time.
+//! Kernel modules: opsmith's own (see `prebuilt`), and third-party PTX or cubins loaded at run time.
 use super::CudaDevice;
 use super::launch::{self, KernelArg, LaunchConfig};
 use super::stream::Stream;
@@ -9,24 +9,7 @@ use std::collections::HashMap;
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
 
-/// opsmith's kernels as PTX, compiled from `kernels-gpu` by `host/build.rs`.
-///
-/// ```
-/// let entries = opsmith_host::cuda::EMBEDDED_PTX.matches(".visible .entry").count();
-/// assert_eq!(entries, opsmith_kernels::names::all_kernel_names().count());
-/// ```
-pub const EMBEDDED_PTX: &str = include_str!(env!("OPSMITH_KERNELS_PTX"));
-
-/// The architecture [`EMBEDDED_PTX`] was generated for (`sm_70` unless `OPSMITH_PTX_ARCH` was
-/// set at build time). The driver compiles it for the actual GPU when the module loads.
-///
-/// ```
-/// use opsmith_host::cuda::{EMBEDDED_PTX, EMBEDDED_PTX_ARCH};
-/// assert!(EMBEDDED_PTX.contains(&format!(".target {EMBEDDED_PTX_ARCH}")));
-/// ```
-pub const EMBEDDED_PTX_ARCH: &str = env!("OPSMITH_KERNELS_ARCH");
-
-/// A PTX module loaded into one device's context.
+/// A module of kernels (from PTX or a cubin) loaded into one device's context.
 ///
 /// ```standalone_crate
 /// # fn main() -> opsmith_host::Result<()> {
@@ -96,15 +79,43 @@ impl KernelModule {
     /// # Ok(()) }
     /// ```
     pub fn from_ptx(device: &Device, name: &str, ptx: &str) -> Result<Self> {
+        let mut image = ptx.as_bytes().to_vec();
+        if image.contains(&0) {
+            let reason = "the PTX text contains a NUL byte".into();
+            return Err(Error::ModuleLoad { module: name.into(), device: *device, reason });
+        }
+        image.push(0); // the driver reads PTX up to its NUL
+        Self::load("KernelModule::from_ptx", device, name, &image)
+    }
+
+    /// Loads a cubin (machine code that `ptxas` or `nvcc -cubin` made for one GPU architecture)
+    /// into `device`'s context. Nothing is compiled, so this is fast; a cubin for another
+    /// architecture is [`Error::ModuleLoad`] with the driver's reason.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Error, cuda::{KernelModule, prebuilt}};
+    /// let cubin = prebuilt::cubin(prebuilt::Family::Timing, 90)?.expect("shipped");
+    /// assert!(matches!(KernelModule::from_cubin(&Device::Cpu, "t", &cubin), Err(Error::InvalidArgument { .. })));
+    /// # if !Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// let garbage = KernelModule::from_cubin(&Device::Cuda(0), "garbage", b"\x7fELF not really");
+    /// assert!(matches!(garbage, Err(Error::ModuleLoad { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub fn from_cubin(device: &Device, name: &str, cubin: &[u8]) -> Result<Self> {
+        // The driver reads the ELF image in place: give it 8-byte alignment, as a file read
+        // into memory would have.
+        let mut aligned = vec![0u64; cubin.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut aligned)[..cubin.len()].copy_from_slice(cubin);
+        Self::load("KernelModule::from_cubin", device, name, bytemuck::cast_slice(&aligned))
+    }
+
+    /// `cuModuleLoadDataEx` on `image` (NUL-terminated PTX, or a cubin), with the JIT's error log.
+    fn load(op: &'static str, device: &Device, name: &str, image: &[u8]) -> Result<Self> {
         let Device::Cuda(ordinal) = *device else {
-            return Err(Error::InvalidArgument {
-                op: "KernelModule::from_ptx",
-                reason: format!("PTX modules load on CUDA devices, not {device}"),
-            });
+            return Err(Error::InvalidArgument { op, reason: format!("modules load on CUDA devices, not {device}") });
         };
         let dev = CudaDevice::get(ordinal)?;
-        let load_error = |reason: String| Error::ModuleLoad { module: name.into(), device: *device, reason };
-        let source = CString::new(ptx).map_err(|_| load_error("the PTX text contains a NUL byte".into()))?;
         dev.bind()?;
 
         const LOG_BYTES: usize = 16 * 1024;
@@ -114,12 +125,12 @@ impl KernelModule {
         // The driver takes option values as pointer-sized words; the size is passed by value.
         let mut values = [log.as_mut_ptr() as *mut c_void, LOG_BYTES as *mut c_void];
         let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: `source` is NUL-terminated PTX; the option arrays have matching lengths and the
-        // log buffer outlives the call.
+        // SAFETY: `image` is NUL-terminated PTX or a whole cubin, alive for the call; the option
+        // arrays have matching lengths and the log buffer outlives the call.
         let status = unsafe {
             sys::cuModuleLoadDataEx(
                 &mut module,
-                source.as_ptr() as *const c_void,
+                image.as_ptr() as *const c_void,
                 options.len() as u32,
                 options.as_mut_ptr(),
                 values.as_mut_ptr(),
@@ -128,7 +139,8 @@ impl KernelModule {
         if let Err(e) = status.result() {
             let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
             let log = String::from_utf8_lossy(&log[..end]);
-            return Err(load_error(format!("{e}; JIT log: {}", log.trim())));
+            let reason = if log.trim().is_empty() { e.to_string() } else { format!("{e}; JIT log: {}", log.trim()) };
+            return Err(Error::ModuleLoad { module: name.into(), device: *device, reason });
         }
         Ok(Self {
             name: name.into(),
@@ -143,7 +155,8 @@ impl KernelModule {
     /// # fn main() -> opsmith_host::Result<()> {
     /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
     /// use opsmith_host::cuda::CudaDevice;
-    /// assert_eq!(CudaDevice::get(0)?.kernels()?.name(), "opsmith-kernels");
+    /// use opsmith_host::cuda::prebuilt::Family;
+    /// assert_eq!(CudaDevice::get(0)?.module(Family::Softmax)?.name(), "opsmith/softmax");
     /// # Ok(()) }
     /// ```
     pub fn name(&self) -> &str {
@@ -158,7 +171,7 @@ impl KernelModule {
     /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
     /// use opsmith_host::{Error, cuda::CudaDevice};
     /// let dev = CudaDevice::get(0)?;
-    /// let module = dev.kernels()?;
+    /// let module = dev.module(opsmith_kernels::Family::Elementwise)?;
     /// let fma = module.kernel(opsmith_kernels::names::F16.fused_mul_add)?;
     /// assert_eq!(fma.name(), "fused_mul_add_f16");
     /// assert!(matches!(module.kernel("no_such_kernel"), Err(Error::KernelNotFound { .. })));
@@ -192,7 +205,7 @@ impl KernelModule {
 /// # fn main() -> opsmith_host::Result<()> {
 /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
 /// use opsmith_host::cuda::{CudaDevice, DEFAULT_BLOCK};
-/// let kernel = CudaDevice::get(0)?.kernels()?.kernel("add_f32")?;
+/// let kernel = CudaDevice::get(0)?.kernel("add_f32")?;
 /// println!("{kernel:?}: {} blocks of {DEFAULT_BLOCK} per SM", kernel.max_active_blocks_per_sm(DEFAULT_BLOCK)?);
 /// # Ok(()) }
 /// ```
@@ -223,7 +236,7 @@ impl Kernel {
     /// # fn main() -> opsmith_host::Result<()> {
     /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
     /// use opsmith_host::cuda::CudaDevice;
-    /// let kernel = CudaDevice::get(0)?.kernels()?.kernel("mul_bf16")?;
+    /// let kernel = CudaDevice::get(0)?.kernel("mul_bf16")?;
     /// assert_eq!(kernel.name(), "mul_bf16");
     /// # Ok(()) }
     /// ```
@@ -238,7 +251,7 @@ impl Kernel {
     /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
     /// use opsmith_host::cuda::CudaDevice;
     /// let dev = CudaDevice::get(0)?;
-    /// assert_eq!(dev.kernels()?.kernel("add_f32")?.device(), &dev);
+    /// assert_eq!(dev.kernel("add_f32")?.device(), &dev);
     /// # Ok(()) }
     /// ```
     pub fn device(&self) -> &CudaDevice {
@@ -253,7 +266,7 @@ impl Kernel {
     /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
     /// use opsmith_host::cuda::CudaDevice;
     /// let dev = CudaDevice::get(0)?;
-    /// let kernel = dev.kernels()?.kernel("fused_mul_add_f32")?;
+    /// let kernel = dev.kernel("fused_mul_add_f32")?;
     /// let blocks = kernel.max_active_blocks_per_sm(256)?;
     /// assert!(blocks * 256 <= dev.max_threads_per_sm());
     /// # Ok(()) }
@@ -291,7 +304,7 @@ impl Kernel {
     /// use opsmith_host::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, LaunchConfig};
     /// use opsmith_host::{DType, Tensor};
     /// let dev = CudaDevice::get(0)?;
-    /// let kernel = dev.kernels()?.kernel(opsmith_kernels::names::F32.fused_mul_add)?;
+    /// let kernel = dev.kernel(opsmith_kernels::names::F32.fused_mul_add)?;
     /// let n = 10_000;
     /// let a = Tensor::from_vec((0..n).map(|i| i as f32).collect(), [n], dev.device())?;
     /// let d = Tensor::full(f64::NAN, [n], DType::F32, dev.device())?;

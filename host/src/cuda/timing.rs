@@ -110,7 +110,7 @@ pub fn time_runs<E: From<crate::Error>>(
 
 /// Queues a kernel on `stream` that keeps it busy for `time`.
 fn spin(stream: &Stream, time: Duration) -> Result<()> {
-    let kernel = stream.device().kernels()?.kernel(opsmith_kernels::names::SPIN)?;
+    let kernel = stream.device().kernel(opsmith_kernels::names::SPIN)?;
     let mut ns = time.as_nanos().min(u64::MAX as u128) as u64;
     let mut params = [&mut ns as *mut u64 as *mut c_void];
     let cfg = LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 };

@@ -96,7 +96,7 @@ pub(super) fn elementwise(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tenso
         return Ok(());
     }
     let device = CudaDevice::get(ordinal)?;
-    let kernel = device.kernels()?.kernel(name)?;
+    let kernel = device.kernel(name)?;
     // One 16-byte pack per thread.
     let lanes = (16 / first.dtype().size_in_bytes()) as u64;
     let cfg = LaunchConfig::covering(name, n.div_ceil(lanes), DEFAULT_BLOCK)?;

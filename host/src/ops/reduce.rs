@@ -20,7 +20,7 @@ pub(super) fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
 /// Launches one of opsmith's own kernels through the checked path, grid-stride over
 /// `work_items`, or as one warp when `work_items` is `None`.
 pub(super) fn launch(device: &CudaDevice, name: &str, work_items: Option<u64>, args: &[KernelArg<'_>]) -> Result<()> {
-    let kernel = device.kernels()?.kernel(name)?;
+    let kernel = device.kernel(name)?;
     let cfg = match work_items {
         Some(n) => LaunchConfig::grid_stride(&kernel, n, DEFAULT_BLOCK)?,
         None => LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 },
@@ -55,7 +55,7 @@ pub(super) fn reduce_partials(op: &'static str, first_pass: &str, inputs: &[&Ten
     let n = x.elem_count();
     let device = cuda_device(x)?;
     let out = Tensor::empty(Shape::from(Vec::new()), x.dtype(), x.device())?;
-    let partials_kernel = device.kernels()?.kernel(first_pass)?;
+    let partials_kernel = device.kernel(first_pass)?;
     let cfg = LaunchConfig::grid_stride(&partials_kernel, n as u64, DEFAULT_BLOCK)?;
     let warps = (cfg.grid * cfg.block / 32) as usize;
     let partials = Tensor::empty(Shape::from(warps), DType::F32, x.device())?;

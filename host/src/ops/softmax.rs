@@ -27,7 +27,7 @@ const ROW_BLOCK: u32 = 128;
 /// `args` are the parameters `name` declares in `kernels-gpu/src/`, with tensors holding the
 /// element counts it indexes.
 pub(super) unsafe fn launch_rows(device: &CudaDevice, name: &str, rows: usize, args: &[KernelArg<'_>]) -> Result<()> {
-    let kernel = device.kernels()?.kernel(name)?;
+    let kernel = device.kernel(name)?;
     let cfg = LaunchConfig::grid_stride(&kernel, rows as u64 * 32, ROW_BLOCK)?;
     // SAFETY: forwarded from the caller.
     unsafe { kernel.launch(&device.current_stream(), cfg, args) }
@@ -44,7 +44,7 @@ unsafe fn launch_softmax(device: &CudaDevice, launch: RowLaunch, rows: usize, ar
         // SAFETY: forwarded from the caller.
         RowLaunch::Warp(name) => unsafe { launch_rows(device, name, rows, args) },
         RowLaunch::Block { name, block } => {
-            let kernel = device.kernels()?.kernel(name)?;
+            let kernel = device.kernel(name)?;
             let cfg = LaunchConfig::grid_stride(&kernel, rows as u64 * block as u64, block)?;
             // SAFETY: forwarded from the caller; the block size is the one the table chose for
             // this row length, so the row fits the block.

@@ -1,0 +1,162 @@
+//! opsmith's maintenance commands, run as `cargo xtask <task>` (an alias in .cargo/config.toml).
+//!
+//! ```text
+//! cargo xtask kernels           regenerate host/prebuilt/: per kernel family, the PTX and a cubin per architecture, zlib-compressed
+//! cargo xtask kernels --check   regenerate into a scratch folder and fail if host/prebuilt/ differs
+//! ```
+//!
+//! `kernels` needs the pinned nightly with `rust-src` (`rustup toolchain install` in the
+//! repository root) and `ptxas` (`pip install nvidia-cuda-nvcc==13.0.88`, or `OPSMITH_PTXAS`).
+//! The output is deterministic: the same sources, nightly and ptxas give the same bytes.
+use opsmith_kernels::Family;
+use opsmith_kernels::prebuilt::{CUBIN_ARCHS, PTX_ARCH};
+use opsmith_ptx_builder::{PtxBuilder, entry_names, find_ptxas};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+/// The version of `ptxas` the shipped cubins are made with; another one makes other bytes.
+const PTXAS_VERSION: &str = "V13.0.88";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["kernels"] => kernels(false),
+        ["kernels", "--check"] => kernels(true),
+        _ => Err("usage: cargo xtask kernels [--check]".to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace root").to_path_buf()
+}
+
+/// Builds every family's PTX and cubins into a scratch folder, then copies them into
+/// `host/prebuilt/` (or, with `check`, compares them with what is there).
+fn kernels(check: bool) -> Result<(), String> {
+    let root = root();
+    let prebuilt = root.join("host/prebuilt");
+    let scratch = root.join("target/xtask-kernels");
+    let fresh = scratch.join("out");
+    let _ = std::fs::remove_dir_all(&fresh);
+    std::fs::create_dir_all(&fresh).map_err(|e| format!("{}: {e}", fresh.display()))?;
+
+    let ptxas = find_ptxas().ok_or("ptxas not found: `pip install nvidia-cuda-nvcc==13.0.88`, or set OPSMITH_PTXAS")?;
+    let version = run(Command::new(&ptxas).arg("--version"))?;
+    if !version.contains(PTXAS_VERSION) {
+        return Err(format!(
+            "{} is not ptxas {PTXAS_VERSION}, which the shipped cubins are made with:\n{version}",
+            ptxas.display()
+        ));
+    }
+
+    for family in Family::ALL {
+        let started = Instant::now();
+        let name = family.name();
+        let built = PtxBuilder::new(root.join("kernels-gpu"))
+            .default_features(false)
+            .features([name])
+            .arch(PTX_ARCH)
+            .out_dir(scratch.join(name))
+            .rerun_if_changed(false)
+            .build()
+            .map_err(|e| format!("{name}: {e}"))?;
+        let ptx = std::fs::read_to_string(&built.path).map_err(|e| format!("{}: {e}", built.path.display()))?;
+        let defined: BTreeSet<&str> = built.entries.iter().map(String::as_str).collect();
+        let expected: BTreeSet<&str> = family.kernel_names().collect();
+        if defined != expected {
+            return Err(format!("{name}: the PTX defines {defined:?}, the name tables say {expected:?}"));
+        }
+        let ptx_path = scratch.join(format!("{name}.ptx"));
+        write(&ptx_path, ptx.as_bytes())?;
+        write(&fresh.join(format!("{name}.ptx.zlib")), &deflate(ptx.as_bytes()))?;
+        // ptxas runs once per architecture, in parallel.
+        let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let jobs: Vec<_> = CUBIN_ARCHS
+                .iter()
+                .map(|arch| {
+                    let (ptxas, ptx_path, scratch, fresh) = (&ptxas, &ptx_path, &scratch, &fresh);
+                    s.spawn(move || {
+                        let file = format!("{name}.sm_{arch}.cubin");
+                        let cubin = scratch.join(&file);
+                        run(Command::new(ptxas).arg(format!("-arch=sm_{arch}")).arg("-o").arg(&cubin).arg(ptx_path))?;
+                        let bytes = std::fs::read(&cubin).map_err(|e| format!("{}: {e}", cubin.display()))?;
+                        write(&fresh.join(format!("{file}.zlib")), &deflate(&bytes))
+                    })
+                })
+                .collect();
+            jobs.into_iter().map(|job| job.join().unwrap_or_else(|_| Err("a ptxas thread panicked".into()))).collect()
+        });
+        results.into_iter().collect::<Result<Vec<()>, String>>()?;
+        println!(
+            "{name:>12}: {} kernels, PTX {} KiB, {} cubins, {:.1} s",
+            entry_names(&ptx).len(),
+            ptx.len() / 1024,
+            CUBIN_ARCHS.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    let wanted = file_names(&fresh)?;
+    if check {
+        let present = file_names(&prebuilt).unwrap_or_default();
+        let mut problems = Vec::new();
+        for name in wanted.union(&present) {
+            let (new, old) = (std::fs::read(fresh.join(name)).ok(), std::fs::read(prebuilt.join(name)).ok());
+            match (new, old) {
+                (Some(new), Some(old)) if new == old => {}
+                (Some(_), Some(_)) => problems.push(format!("{name} differs")),
+                (Some(_), None) => problems.push(format!("{name} is missing")),
+                (None, _) => problems.push(format!("{name} is not generated any more")),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(format!(
+                "host/prebuilt/ is stale; run `cargo xtask kernels` and commit the result:\n  {}",
+                problems.join("\n  ")
+            ));
+        }
+        println!("host/prebuilt/ matches a fresh build ({} files)", wanted.len());
+    } else {
+        std::fs::create_dir_all(&prebuilt).map_err(|e| format!("{}: {e}", prebuilt.display()))?;
+        for stale in file_names(&prebuilt)?.difference(&wanted) {
+            std::fs::remove_file(prebuilt.join(stale)).map_err(|e| format!("{stale}: {e}"))?;
+        }
+        for name in &wanted {
+            std::fs::copy(fresh.join(name), prebuilt.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        }
+        println!("wrote {} files to {}", wanted.len(), prebuilt.display());
+    }
+    Ok(())
+}
+
+/// The shipped files in `dir`.
+fn file_names(dir: &Path) -> Result<BTreeSet<String>, String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(".zlib")).collect())
+}
+
+/// zlib at the highest level: the files are made once and inflated at every load, and the
+/// format's checksum catches a damaged file. The same input gives the same bytes.
+fn deflate(bytes: &[u8]) -> Vec<u8> {
+    miniz_oxide::deflate::compress_to_vec_zlib(bytes, 10)
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Runs a command and returns its output, or its error output as the error.
+fn run(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    if out.status.success() { Ok(text) } else { Err(format!("{cmd:?} failed:\n{text}")) }
+}
