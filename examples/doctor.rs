@@ -56,6 +56,9 @@ fn main() {
     }
 
     // cuBLAS, which matmul uses on CUDA (the CPU needs none).
+    #[cfg(not(feature = "cublas"))]
+    println!("cuBLAS: not compiled in (the `cublas` feature is off): matmul runs on the CPU only");
+    #[cfg(feature = "cublas")]
     match cuda::require_cublas("matmul") {
         Ok(()) => println!("cuBLAS: loads (matmul on CUDA is available)"),
         Err(opsmith::Error::LibraryMissing { lib, fix, .. }) => {
@@ -71,6 +74,9 @@ fn main() {
     }
 
     // NCCL, for several GPUs (opsmith::host::dist); everything else works without it.
+    #[cfg(not(feature = "nccl"))]
+    println!("NCCL: not compiled in (the `nccl` feature is off; needed only for several GPUs)");
+    #[cfg(feature = "nccl")]
     match opsmith::host::dist::nccl_version() {
         Ok((major, minor, patch)) => println!("NCCL: {major}.{minor}.{patch} loads (multi-GPU collectives available)"),
         Err(opsmith::Error::LibraryMissing { fix, .. }) => {

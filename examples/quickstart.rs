@@ -9,6 +9,7 @@ use opsmith::{Device, Result, Tensor, ops};
 fn main() -> Result<()> {
     let device = Device::cuda_if_available();
     match device {
+        #[cfg(feature = "cuda")]
         Device::Cuda(n) => {
             let dev = opsmith::cuda::CudaDevice::get(n)?;
             let (major, minor) = dev.compute_capability()?;
@@ -18,7 +19,7 @@ fn main() -> Result<()> {
                 dev.sm_count()
             );
         }
-        Device::Cpu => println!("no CUDA device found: running on the CPU backend"),
+        _ => println!("no CUDA device found: running on the CPU backend"),
     }
 
     let n = 1 << 20;

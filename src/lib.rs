@@ -20,5 +20,7 @@
 
 pub use opsmith_autograd as autograd;
 pub use opsmith_host as host;
-pub use opsmith_host::{DType, Device, Element, Error, Labels, Result, Shape, Tensor, bf16, cuda, f16, ops};
+#[cfg(feature = "cuda")]
+pub use opsmith_host::cuda;
+pub use opsmith_host::{DType, Device, Element, Error, Labels, Result, Shape, Tensor, bf16, f16, ops};
 pub use opsmith_kernels as kernels;

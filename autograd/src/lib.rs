@@ -7,7 +7,7 @@
 //!   `matmul` (cuBLAS on CUDA), `relu`, `gelu`, `silu`, `softmax` (with scale and mask),
 //!   `cross_entropy`, `mse_loss`.
 //! * [`nn`]: [`nn::Linear`] and [`nn::Mlp`], parameters as tape variables, safetensors files.
-//! * [`data_parallel`]: one replica per GPU, gradients averaged with NCCL.
+//! * `data_parallel` (with the `nccl` feature): one replica per GPU, gradients averaged with NCCL.
 //! * [`optim`]: [`optim::Sgd`] and [`optim::Adam`], updating parameters in place on the device.
 //! * [`CustomOp`] and [`custom`]: your own forward and backward, per device.
 //! * [`gradcheck()`] and [`compare_devices`]: finite differences in f64, and CUDA against CPU.
@@ -31,6 +31,7 @@
 #![warn(missing_docs)]
 
 mod custom;
+#[cfg(feature = "nccl")]
 pub mod data_parallel;
 mod error;
 pub mod gradcheck;

@@ -5,12 +5,10 @@
 //! let device = Device::cuda_if_available();
 //! assert!(device == Device::Cpu || device == Device::Cuda(0));
 //! ```
-use crate::cuda;
-
 /// A device: the CPU, or a CUDA GPU by ordinal.
 ///
 /// A `Device` is only a name; the CUDA context, stream and loaded kernels behind `Cuda(n)` are
-/// created on first use and shared by everything on that device ([`cuda::CudaDevice`]).
+/// created on first use and shared by everything on that device (`cuda::CudaDevice`).
 ///
 /// ```
 /// use opsmith_host::Device;
@@ -27,14 +25,19 @@ pub enum Device {
 }
 
 impl Device {
-    /// `Cuda(0)` when a CUDA driver and at least one device are present, else `Cpu`.
+    /// `Cuda(0)` when a CUDA driver and at least one device are present, else `Cpu` (always
+    /// `Cpu` in a build without the `cuda` feature).
     ///
     /// ```
     /// let device = opsmith_host::Device::cuda_if_available();
     /// println!("running on {device}");
     /// ```
     pub fn cuda_if_available() -> Device {
-        if cuda::device_count().unwrap_or(0) > 0 { Device::Cuda(0) } else { Device::Cpu }
+        #[cfg(feature = "cuda")]
+        if crate::cuda::device_count().unwrap_or(0) > 0 {
+            return Device::Cuda(0);
+        }
+        Device::Cpu
     }
 
     /// Whether this is a CUDA device.

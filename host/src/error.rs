@@ -11,7 +11,9 @@
 //! # Ok(()) }
 //! ```
 use crate::{DType, Device};
+#[cfg(feature = "cublas")]
 use cudarc::cublas::result::CublasError;
+#[cfg(feature = "cuda")]
 use cudarc::driver::DriverError;
 
 /// `Result` with [`Error`].
@@ -168,6 +170,7 @@ pub enum Error {
         count: usize,
     },
     /// A CUDA driver call failed.
+    #[cfg(feature = "cuda")]
     #[error("{call} on {device} failed: {source}")]
     Driver {
         /// What was being done.
@@ -187,6 +190,7 @@ pub enum Error {
         bytes: usize,
     },
     /// The driver refused to launch a kernel.
+    #[cfg(feature = "cuda")]
     #[error("launching kernel `{kernel}` on {device} failed: {source}")]
     Launch {
         /// The kernel.
@@ -198,6 +202,7 @@ pub enum Error {
         source: DriverError,
     },
     /// A kernel faulted while running (reported at the launch with `OPSMITH_LAUNCH_BLOCKING=1`).
+    #[cfg(feature = "cuda")]
     #[error("kernel `{kernel}` on {device} faulted: {source}")]
     KernelFault {
         /// The kernel.
@@ -277,6 +282,7 @@ pub enum Error {
         missing: Vec<usize>,
     },
     /// A cuBLAS call failed.
+    #[cfg(feature = "cublas")]
     #[error("{op} on {device}: {call} failed for operands of shapes {lhs:?} and {rhs:?}: {source}")]
     Blas {
         /// The operation.
@@ -293,6 +299,19 @@ pub enum Error {
         #[source]
         source: CublasError,
     },
+    /// The op needs a cargo feature of opsmith that this build was compiled without.
+    #[error(
+        "{op} on {device} needs opsmith's `{feature}` cargo feature, which this build leaves out; \
+         enable it in Cargo.toml (`cuda`, `cublas` and `nccl` are on by default), or use Device::Cpu"
+    )]
+    FeatureDisabled {
+        /// The operation.
+        op: &'static str,
+        /// The cargo feature it needs: `cuda`, `cublas` or `nccl`.
+        feature: &'static str,
+        /// The device asked for.
+        device: Device,
+    },
     /// A value the caller supplied is not valid for the call.
     #[error("{op}: {reason}")]
     InvalidArgument {
@@ -304,7 +323,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error for using CUDA in a build without the `cuda` feature.
+    #[cfg_attr(feature = "cuda", allow(dead_code))]
+    pub(crate) fn cuda_disabled(op: &'static str, device: Device) -> Self {
+        Error::FeatureDisabled { op, feature: "cuda", device }
+    }
+
     /// Maps a driver error to [`Error::OutOfMemory`] when it is one, else to [`Error::Driver`].
+    #[cfg(feature = "cuda")]
     pub(crate) fn from_alloc(device: Device, bytes: usize, source: DriverError) -> Self {
         if source.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
             Error::OutOfMemory { device, bytes }

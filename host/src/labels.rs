@@ -1,7 +1,8 @@
 //! Class labels for classification losses: `u32` values on one device.
-use crate::cuda::stream_order::StreamUses;
-use crate::cuda::{CudaDevice, Stream};
+#[cfg(feature = "cuda")]
+use crate::cuda::{CudaDevice, Stream, stream_order::StreamUses};
 use crate::{Device, Error, Result};
+#[cfg(feature = "cuda")]
 use cudarc::driver::{CudaSlice, DevicePtr};
 use std::sync::Arc;
 
@@ -30,15 +31,21 @@ pub struct Labels {
 #[derive(Clone)]
 enum LabelData {
     Cpu(Arc<Vec<u32>>),
-    Cuda { device: CudaDevice, values: Arc<DeviceLabels> },
+    #[cfg(feature = "cuda")]
+    Cuda {
+        device: CudaDevice,
+        values: Arc<DeviceLabels>,
+    },
 }
 
+#[cfg(feature = "cuda")]
 /// Labels in device memory, with the streams that used them.
 struct DeviceLabels {
     values: CudaSlice<u32>,
     uses: StreamUses,
 }
 
+#[cfg(feature = "cuda")]
 impl Drop for DeviceLabels {
     fn drop(&mut self) {
         // Freed on the stream that uploaded them, after every other stream that read them.
@@ -62,6 +69,9 @@ impl Labels {
         let max = values.iter().copied().max();
         let data = match device {
             Device::Cpu => LabelData::Cpu(Arc::new(values.to_vec())),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => return Err(Error::cuda_disabled("Labels::new", device)),
+            #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => {
                 let device = CudaDevice::get(ordinal)?;
                 let stream = device.current_stream();
@@ -89,6 +99,7 @@ impl Labels {
     pub fn device(&self) -> Device {
         match &self.data {
             LabelData::Cpu(_) => Device::Cpu,
+            #[cfg(feature = "cuda")]
             LabelData::Cuda { device, .. } => device.device(),
         }
     }
@@ -102,6 +113,7 @@ impl Labels {
     pub fn to_vec(&self) -> Result<Vec<u32>> {
         match &self.data {
             LabelData::Cpu(values) => Ok(values.to_vec()),
+            #[cfg(feature = "cuda")]
             LabelData::Cuda { device, values } => {
                 if self.len == 0 {
                     return Ok(Vec::new());
@@ -125,10 +137,12 @@ impl Labels {
     pub(crate) fn cpu_values(&self) -> Option<&[u32]> {
         match &self.data {
             LabelData::Cpu(values) => Some(values),
+            #[cfg(feature = "cuda")]
             LabelData::Cuda { .. } => None,
         }
     }
 
+    #[cfg(feature = "cuda")]
     /// Calls `f` with the device address of the first label, valid on `stream` for the duration
     /// of `f` (work `f` queues is ordered after the upload of the labels).
     pub(crate) fn with_device_ptr<R>(&self, stream: &Stream, f: impl FnOnce(u64) -> Result<R>) -> Result<R> {

@@ -16,12 +16,19 @@
 //! # }
 //! ```
 //!
-//! Layout: [`device`] names devices; [`cuda`] holds the CUDA runtime (contexts, streams,
+//! Layout: [`device`] names devices; `cuda` holds the CUDA runtime (contexts, streams,
 //! events, modules, launches); [`tensor`] the tensor type; [`labels`] class labels for the
-//! losses; [`ops`] the operations, each with its CPU and CUDA halves side by side; [`dist`] NCCL
-//! communicators and their TCP bootstrap, for several GPUs; [`error`] the one error type.
+//! losses; [`ops`] the operations, each with its CPU and CUDA halves side by side; [`dist`] the
+//! TCP bootstrap and NCCL communicators, for several GPUs; [`error`] the one error type.
+//!
+//! Cargo features: `cuda` (default) is the CUDA runtime, on `cudarc`; without it there is no
+//! cudarc at all, the CPU backend is complete, and a tensor on `Device::Cuda(n)` is
+//! [`Error::FeatureDisabled`]. `cublas` (default) adds `ops::matmul` on CUDA; `nccl` adds
+//! `dist`'s communicators. The CUDA libraries are loaded at run time, so none of them is
+//! needed to build.
 #![warn(missing_docs)]
 
+#[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
 pub mod dist;

@@ -2,6 +2,7 @@
 //! values) and that the inputs are unchanged afterwards. Device mismatch needs a GPU and is in
 //! `gpu.rs`; the autograd classes (custom-op arity, backward without requires-grad, backward
 //! twice) are in `autograd/tests/bad_input.rs`.
+#[cfg(feature = "cuda")]
 use opsmith_host::cuda::{self, LaunchConfig};
 use opsmith_host::{DType, Device, Error, Tensor, ops};
 
@@ -69,6 +70,11 @@ fn empty_where_empty_is_not_allowed() {
 fn too_large_for_one_launch() {
     let err = Tensor::zeros([usize::MAX / 2, 4], DType::F32, Device::Cpu).unwrap_err();
     assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+}
+
+#[test]
+#[cfg(feature = "cuda")]
+fn too_large_for_a_32_bit_length() {
     let err = cuda::len_as_u32("my_kernel", 1 << 33).unwrap_err();
     assert!(
         matches!(&err, Error::TooLarge { op, elements, limit } if op == "my_kernel" && *elements == 1 << 33 && *limit == u32::MAX as u64)
@@ -76,6 +82,7 @@ fn too_large_for_one_launch() {
 }
 
 #[test]
+#[cfg(feature = "cuda")]
 fn invalid_block_size() {
     for block in [0, 16, 48, 1000, 2048] {
         let err = LaunchConfig { grid: 4, block, shared_mem_bytes: 0 }.validate("my_kernel").unwrap_err();
@@ -108,6 +115,7 @@ fn out_of_range_view_and_wrong_element_type() {
 }
 
 #[test]
+#[cfg(feature = "cuda")]
 fn no_cuda_device() {
     let a = t(&A, DType::F32);
     let err = if cuda::driver_available() { a.to_device(Device::Cuda(4096)) } else { a.to_device(Device::Cuda(0)) }

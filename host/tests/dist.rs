@@ -1,7 +1,11 @@
 //! The TCP bootstrap of `opsmith_host::dist`, over loopback and without NCCL, and the typed
 //! error that replaces cudarc's panic when NCCL is missing.
-use opsmith_host::dist::{self, Communicator, UniqueId};
-use opsmith_host::{Device, Error, Result};
+#[cfg(feature = "nccl")]
+use opsmith_host::Device;
+use opsmith_host::dist;
+#[cfg(feature = "nccl")]
+use opsmith_host::dist::{Communicator, UniqueId};
+use opsmith_host::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
@@ -180,6 +184,7 @@ fn addresses_come_from_the_environment_or_the_default() -> Result<()> {
 }
 
 #[test]
+#[cfg(feature = "nccl")]
 fn unique_ids_round_trip_through_their_bytes() {
     let bytes: [u8; 128] = payload().try_into().unwrap();
     assert_eq!(UniqueId::from_bytes(bytes).to_bytes(), bytes);
@@ -187,6 +192,7 @@ fn unique_ids_round_trip_through_their_bytes() {
 
 /// cudarc panics when it cannot load libnccl; opsmith must return the typed error instead.
 #[test]
+#[cfg(feature = "nccl")]
 fn missing_nccl_is_an_error_not_a_panic() {
     if dist::nccl_available() {
         println!("skipped: NCCL is installed here");

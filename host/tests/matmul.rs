@@ -2,12 +2,15 @@
 //! `gpu_matmul.rs`, runs the same cases on CUDA), and the cuBLAS check that needs no GPU.
 mod common;
 
-use opsmith_host::{Device, Error, cuda};
+use opsmith_host::Device;
+#[cfg(feature = "cublas")]
+use opsmith_host::{Error, cuda};
 
 matmul_cases!(Device::Cpu);
 
 /// Without libcublas, a CUDA matmul is a typed error with the fix, never cudarc's panic.
 #[test]
+#[cfg(feature = "cublas")]
 fn missing_cublas_is_an_error_with_the_fix() {
     match cuda::require_cublas("matmul") {
         Ok(()) => assert!(cuda::cublas_available()),

@@ -2,6 +2,7 @@
 //! the kernels the host launches from it, nothing is left unresolved, `ptxas` (when found)
 //! accepts it for sm_90 with no register spills, and each shipped cubin is an ELF image for
 //! its architecture.
+#![cfg(feature = "cuda")]
 use opsmith_host::cuda::prebuilt::{self, Family};
 use opsmith_kernels::names::ALL_SOFTMAX;
 use opsmith_kernels::prebuilt::{CUBIN_ARCHS, PTX_ARCH};

@@ -8,7 +8,8 @@
 //! * [`LaunchConfig`]: checked launch geometry.
 //! * [`can_access_peer`]: whether two GPUs of this host reach each other's memory directly.
 //! * [`time_runs`]: event-timed medians of GPU work, for benchmarks.
-//! * [`require_cublas`]: whether cuBLAS (which `ops::matmul` uses) loads, with the fix if not.
+//! * `require_cublas` (with the `cublas` feature): whether cuBLAS (which `ops::matmul` uses)
+//!   loads, with the fix if not.
 //!
 //! On a machine without a GPU, everything here returns an error rather than panicking, so code
 //! can probe and fall back to the CPU:
@@ -26,6 +27,7 @@
 //! }
 //! # Ok(()) }
 //! ```
+#[cfg(feature = "cublas")]
 pub(crate) mod blas;
 pub(crate) mod block_cache;
 mod device;
@@ -37,6 +39,7 @@ mod stream;
 pub(crate) mod stream_order;
 mod timing;
 
+#[cfg(feature = "cublas")]
 pub use blas::{cublas_available, cublas_handles, require_cublas};
 pub use device::{CudaDevice, LoadedModule};
 pub use launch::{DEFAULT_BLOCK, KernelArg, LaunchConfig, launch_blocking, len_as_u32};

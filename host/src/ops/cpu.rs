@@ -18,6 +18,7 @@ pub(super) fn elementwise(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tenso
 fn cpu_buffer(t: &Tensor) -> Result<&parking_lot::RwLock<CpuBuffer>> {
     match &t.storage.data {
         StorageData::Cpu(buf) => Ok(buf),
+        #[cfg(feature = "cuda")]
         StorageData::Cuda { .. } => {
             Err(Error::DeviceMismatch { op: "cpu op", lhs: crate::Device::Cpu, rhs: t.device() })
         }

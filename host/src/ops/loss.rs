@@ -6,12 +6,20 @@
 //! run), and the backward reads the upstream gradient on the device, so a training step never
 //! waits for the host.
 use super::check;
+#[cfg(feature = "cuda")]
 use super::cuda::{check_launch_len, dtype_table};
+#[cfg(feature = "cuda")]
 use super::reduce::{cuda_device, finish_sum, launch, reduce_partials};
-use super::softmax::{launch_rows, reciprocal_or_zero, row_max_sum};
+#[cfg(feature = "cuda")]
+use super::softmax::launch_rows;
+use super::softmax::{reciprocal_or_zero, row_max_sum};
+#[cfg(feature = "cuda")]
+use crate::DType;
+#[cfg(feature = "cuda")]
 use crate::cuda::KernelArg;
 use crate::dtype::{Accumulator, with_element_type};
-use crate::{DType, Device, Element, Error, Labels, Result, Shape, Tensor};
+use crate::{Device, Element, Error, Labels, Result, Shape, Tensor};
+#[cfg(feature = "cuda")]
 use opsmith_kernels::names::ALL_LOSS;
 
 /// Checks logits `[rows, classes]` against their labels and returns (rows, classes).
@@ -75,6 +83,7 @@ fn host_labels<'a>(op: &'static str, labels: &'a Labels) -> Result<&'a [u32]> {
 /// assert!((loss - std::f32::consts::LN_2).abs() < 1e-6);
 /// # Ok(()) }
 /// ```
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // rows are for the CUDA half
 pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
     let (rows, classes) = classification("cross_entropy", logits, labels)?;
     match logits.device() {
@@ -82,6 +91,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
             let labels = host_labels("cross_entropy", labels)?;
             cross_entropy_cpu(logits, labels, classes)
         }
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let table = dtype_table("cross_entropy", logits, ALL_LOSS)?;
             check_launch_len("cross_entropy", logits.elem_count(), logits.dtype())?;
@@ -103,6 +113,8 @@ pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
             finish_sum("cross_entropy", &losses, rows, 1.0 / rows as f64, &out)?;
             Ok(out)
         }
+        #[cfg(not(feature = "cuda"))]
+        device @ Device::Cuda(_) => Err(Error::cuda_disabled("cross_entropy", device)),
     }
 }
 
@@ -135,6 +147,7 @@ fn cross_entropy_cpu(logits: &Tensor, labels: &[u32], classes: usize) -> Result<
 /// assert_eq!(gx.to_vec::<f32>()?, [1.0, -1.0]); // ([0.5, 0.5] - [0, 1]) * 2
 /// # Ok(()) }
 /// ```
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // rows are for the CUDA half
 pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> Result<Tensor> {
     let (rows, classes) = classification("cross_entropy_backward", logits, labels)?;
     scalar_gradient("cross_entropy_backward", g, logits)?;
@@ -143,6 +156,7 @@ pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> R
             let labels = host_labels("cross_entropy_backward", labels)?;
             cross_entropy_backward_cpu(g, logits, labels, classes)
         }
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let table = dtype_table("cross_entropy_backward", logits, ALL_LOSS)?;
             check_launch_len("cross_entropy_backward", logits.elem_count(), logits.dtype())?;
@@ -164,6 +178,8 @@ pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> R
             })?;
             Ok(out)
         }
+        #[cfg(not(feature = "cuda"))]
+        device @ Device::Cuda(_) => Err(Error::cuda_disabled("cross_entropy_backward", device)),
     }
 }
 
@@ -197,15 +213,19 @@ fn cross_entropy_backward_cpu(g: &Tensor, logits: &Tensor, labels: &[u32], class
 /// assert_eq!(ops::mse_loss(&pred, &target)?.to_vec::<f32>()?, [5.0 / 3.0]);
 /// # Ok(()) }
 /// ```
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // rows are for the CUDA half
 pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
     let n = squared_error_operands("mse_loss", pred, target)?;
     match pred.device() {
         Device::Cpu => with_element_type!(pred.dtype(), T => mse_loss_cpu::<T>(pred, target)),
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let table = dtype_table("mse_loss", pred, ALL_LOSS)?;
             check_launch_len("mse_loss", n, pred.dtype())?;
             reduce_partials("mse_loss", table.mse_partials, &[pred, target], 1.0 / n as f64)
         }
+        #[cfg(not(feature = "cuda"))]
+        device @ Device::Cuda(_) => Err(Error::cuda_disabled("mse_loss", device)),
     }
 }
 
@@ -247,6 +267,7 @@ pub fn mse_loss_backward(g: &Tensor, pred: &Tensor, target: &Tensor) -> Result<T
     let scale = 2.0 / n as f64;
     match pred.device() {
         Device::Cpu => mse_loss_backward_cpu(g, pred, target, scale),
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let table = dtype_table("mse_loss_backward", pred, ALL_LOSS)?;
             let n = check_launch_len("mse_loss_backward", n, pred.dtype())?;
@@ -268,6 +289,8 @@ pub fn mse_loss_backward(g: &Tensor, pred: &Tensor, target: &Tensor) -> Result<T
             )?;
             Ok(out)
         }
+        #[cfg(not(feature = "cuda"))]
+        device @ Device::Cuda(_) => Err(Error::cuda_disabled("mse_loss_backward", device)),
     }
 }
 

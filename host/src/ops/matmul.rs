@@ -12,13 +12,18 @@
 //! An empty inner dimension (`k = 0`) gives zeros, the value of an empty sum; an empty `m` or `n`
 //! gives an empty result. Neither calls cuBLAS.
 use super::check;
+#[cfg(feature = "cublas")]
 use crate::cuda::{CudaDevice, blas, launch_blocking};
 use crate::dtype::{Accumulator, with_element_type};
+#[cfg(feature = "cublas")]
 use crate::tensor::storage::with_cuda_ptrs;
 use crate::{DType, Device, Element, Error, Result, Shape, Tensor};
+#[cfg(feature = "cublas")]
 use cudarc::cublas::result::{self as cublas, CublasError};
+#[cfg(feature = "cublas")]
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use ndarray::{ArrayView2, ArrayViewMut2, linalg::general_mat_mul};
+#[cfg(feature = "cublas")]
 use std::ffi::c_void;
 
 /// `a [m, k] · b [k, n] → [m, n]`; batched, `a [B, m, k] · b [B, k, n] → [B, m, n]`.
@@ -200,7 +205,10 @@ fn product_into(
 fn compute(p: &Product, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
     match a.device() {
         Device::Cpu => with_element_type!(a.dtype(), T => cpu::<T>(p, a, b, out)),
+        #[cfg(feature = "cublas")]
         Device::Cuda(ordinal) => cuda(p, ordinal, a, b, out),
+        #[cfg(not(feature = "cublas"))]
+        device @ Device::Cuda(_) => Err(Error::FeatureDisabled { op: p.op, feature: "cublas", device }),
     }
 }
 
@@ -238,6 +246,7 @@ fn layout_error(op: &'static str, e: ndarray::ShapeError) -> Error {
 }
 
 /// A size as cuBLAS's `int`, or [`Error::TooLarge`].
+#[cfg(feature = "cublas")]
 fn blas_int(op: &'static str, what: &str, value: usize) -> Result<i32> {
     i32::try_from(value).map_err(|_| Error::TooLarge {
         op: format!("{op} ({what} for cuBLAS)"),
@@ -247,6 +256,7 @@ fn blas_int(op: &'static str, what: &str, value: usize) -> Result<i32> {
 }
 
 /// A batch stride as cuBLAS's `long long`, or [`Error::TooLarge`].
+#[cfg(feature = "cublas")]
 fn blas_stride(op: &'static str, value: usize) -> Result<i64> {
     i64::try_from(value).map_err(|_| Error::TooLarge {
         op: format!("{op} (batch stride for cuBLAS)"),
@@ -262,6 +272,7 @@ fn blas_stride(op: &'static str, value: usize) -> Result<i64> {
 /// row-major `C = op(A)·op(B)` is computed as the column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`: `b` goes
 /// first, each operand's transpose flag becomes its cuBLAS op flag, and each leading dimension
 /// is the operand's stored row length. Nothing is copied.
+#[cfg(feature = "cublas")]
 fn cuda(p: &Product, ordinal: usize, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
     let data_type = match a.dtype() {
         DType::F32 => cudaDataType::CUDA_R_32F,

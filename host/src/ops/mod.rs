@@ -30,6 +30,7 @@
 mod activation;
 pub(crate) mod check;
 mod cpu;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod loss;
 mod matmul;
@@ -49,6 +50,8 @@ pub use softmax::{softmax, softmax_backward};
 
 use activation::Activation;
 
+#[cfg(not(feature = "cuda"))]
+use crate::Error;
 use crate::{Device, Result, Tensor};
 
 /// The elementwise operations, each of which is one kernel on CUDA and one pass on the CPU.
@@ -117,7 +120,10 @@ fn run(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
     check::elementwise(op, inputs, outputs)?;
     match inputs[0].device() {
         Device::Cpu => cpu::elementwise(op, inputs, outputs),
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::elementwise(op, inputs, outputs),
+        #[cfg(not(feature = "cuda"))]
+        device @ Device::Cuda(_) => Err(Error::cuda_disabled(op.name(), device)),
     }
 }
 

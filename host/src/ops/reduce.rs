@@ -1,15 +1,21 @@
 //! Reductions and broadcasts: `sum`, `mean`, `expand_scalar` (a scalar broadcast to a shape),
 //! and the bias row (`add_row`, with its backward `sum_rows`). CPU and CUDA halves side by side.
 use super::check;
+#[cfg(feature = "cuda")]
+use crate::DType;
+#[cfg(feature = "cuda")]
 use crate::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, LaunchConfig};
 use crate::dtype::with_element_type;
-use crate::{DType, Device, Element, Error, Result, Shape, Tensor};
+use crate::{Device, Element, Error, Result, Shape, Tensor};
+#[cfg(feature = "cuda")]
 use opsmith_kernels::{ReductionKernels, names::reduction};
 
+#[cfg(feature = "cuda")]
 pub(super) fn table(op: &'static str, t: &Tensor) -> Result<ReductionKernels> {
     super::cuda::dtype_table(op, t, [reduction::F32, reduction::F16, reduction::BF16])
 }
 
+#[cfg(feature = "cuda")]
 pub(super) fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
     match t.device() {
         Device::Cuda(n) => CudaDevice::get(n),
@@ -17,6 +23,7 @@ pub(super) fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
     }
 }
 
+#[cfg(feature = "cuda")]
 /// Launches one of opsmith's own kernels through the checked path, grid-stride over
 /// `work_items`, or as one warp when `work_items` is `None`.
 pub(super) fn launch(device: &CudaDevice, name: &str, work_items: Option<u64>, args: &[KernelArg<'_>]) -> Result<()> {
@@ -30,6 +37,7 @@ pub(super) fn launch(device: &CudaDevice, name: &str, work_items: Option<u64>, a
     unsafe { kernel.launch(&device.current_stream(), cfg, args) }
 }
 
+#[cfg(feature = "cuda")]
 /// `out[0] = scale * (partials[0] + … + partials[count - 1])` on CUDA, rounded to `out`'s dtype:
 /// the last launch of every whole-tensor reduction.
 pub(super) fn finish_sum(op: &'static str, partials: &Tensor, count: usize, scale: f64, out: &Tensor) -> Result<()> {
@@ -47,6 +55,7 @@ pub(super) fn finish_sum(op: &'static str, partials: &Tensor, count: usize, scal
     )
 }
 
+#[cfg(feature = "cuda")]
 /// A whole-tensor reduction on CUDA, as a tensor of shape `[]` of the inputs' dtype: the kernel
 /// `first_pass(inputs…, partials, n)` leaves one f32 partial per warp over the `n` elements of
 /// each input, and `scale` times their sum is the result.
@@ -76,15 +85,20 @@ fn reduce_all(op: &'static str, x: &Tensor, scale: f64) -> Result<Tensor> {
             Tensor::from_f64(&[total * scale], Shape::from(Vec::new()), x.dtype(), Device::Cpu)
         }
         // A small f32 tensor is already what the second pass adds up: one launch, not two.
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) if x.dtype() == DType::F32 && x.elem_count() <= ONE_WARP_SUM_MAX => {
             let out = Tensor::empty(Shape::from(Vec::new()), x.dtype(), x.device())?;
             finish_sum(op, x, x.elem_count(), scale, &out)?;
             Ok(out)
         }
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) => reduce_partials(op, table(op, x)?.sum_partials, &[x], scale),
+        #[cfg(not(feature = "cuda"))]
+        device @ Device::Cuda(_) => Err(Error::cuda_disabled(op, device)),
     }
 }
 
+#[cfg(feature = "cuda")]
 /// Up to this many f32 elements a whole-tensor sum on CUDA is one warp's work (128 values a
 /// lane): one launch instead of two, which is most of its cost at that size.
 const ONE_WARP_SUM_MAX: usize = 4096;
@@ -146,6 +160,7 @@ pub fn expand_scalar(g: &Tensor, shape: impl Into<Shape>, scale: f64) -> Result<
             let n = shape.checked_elem_count().unwrap_or(0);
             Tensor::from_f64(&vec![value * scale; n], shape, g.dtype(), Device::Cpu)
         }
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let kernels = table("expand_scalar", g)?;
             let device = cuda_device(g)?;
@@ -161,6 +176,8 @@ pub fn expand_scalar(g: &Tensor, shape: impl Into<Shape>, scale: f64) -> Result<
             }
             Ok(out)
         }
+        #[cfg(not(feature = "cuda"))]
+        device @ Device::Cuda(_) => Err(Error::cuda_disabled("expand_scalar", device)),
     }
 }
 
@@ -203,6 +220,7 @@ pub fn add_row(x: &Tensor, b: &Tensor) -> Result<Tensor> {
                 Tensor::from_vec(out, [rows, cols], Device::Cpu)
             })
         }
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let kernels = table("add_row", x)?;
             let device = cuda_device(x)?;
@@ -224,6 +242,8 @@ pub fn add_row(x: &Tensor, b: &Tensor) -> Result<Tensor> {
             }
             Ok(out)
         }
+        #[cfg(not(feature = "cuda"))]
+        device @ Device::Cuda(_) => Err(Error::cuda_disabled("add_row", device)),
     }
 }
 
@@ -245,6 +265,7 @@ pub fn sum_rows(g: &Tensor) -> Result<Tensor> {
             let sums: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| gv[r * cols + c]).sum()).collect();
             Tensor::from_f64(&sums, [cols], g.dtype(), Device::Cpu)
         }
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let kernels = table("sum_rows", g)?;
             let device = cuda_device(g)?;
@@ -264,5 +285,7 @@ pub fn sum_rows(g: &Tensor) -> Result<Tensor> {
             }
             Ok(out)
         }
+        #[cfg(not(feature = "cuda"))]
+        device @ Device::Cuda(_) => Err(Error::cuda_disabled("sum_rows", device)),
     }
 }

@@ -9,17 +9,23 @@
 //! place of f32 plus the rounding of `scale * x + mask` itself. The CPU half rounds
 //! `scale * x + mask` the same way and does the rest in f64.
 use super::check;
+#[cfg(feature = "cuda")]
 use super::cuda::{check_launch_len, dtype_table};
+#[cfg(feature = "cuda")]
 use super::reduce::cuda_device;
+#[cfg(feature = "cuda")]
 use crate::cuda::{CudaDevice, KernelArg, LaunchConfig};
 use crate::dtype::{Accumulator, with_element_type};
 use crate::{Device, Element, Error, Result, Tensor};
+#[cfg(feature = "cuda")]
 use opsmith_kernels::names::{ALL_SOFTMAX, RowLaunch};
 
+#[cfg(feature = "cuda")]
 /// Threads per block of the one-warp-per-row kernels: small, so that kernels holding a row in
 /// many registers a thread still fit several blocks on a multiprocessor.
 const ROW_BLOCK: u32 = 128;
 
+#[cfg(feature = "cuda")]
 /// Launches a one-warp-per-row kernel over `rows` rows, one wave of resident blocks that loop
 /// over the rows.
 ///
@@ -33,6 +39,7 @@ pub(super) unsafe fn launch_rows(device: &CudaDevice, name: &str, rows: usize, a
     unsafe { kernel.launch(&device.current_stream(), cfg, args) }
 }
 
+#[cfg(feature = "cuda")]
 /// Launches a softmax kernel over `rows` rows as the table's [`RowLaunch`] says: one warp per
 /// row as [`launch_rows`] does, or one block of the given size per row, one wave of resident
 /// blocks that loop over the rows.
@@ -110,11 +117,13 @@ fn mask_rows(x: &Tensor, mask: &Tensor, cols: usize) -> Result<usize> {
 /// assert_eq!(y[..2], [0.5, 0.5]);
 /// # Ok(()) }
 /// ```
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // rows are for the CUDA half
 pub fn softmax(x: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> {
     let (rows, cols) = rows_cols("softmax", x)?;
     let mask_rows = mask.map(|m| mask_rows(x, m, cols)).transpose()?.unwrap_or(0);
     match x.device() {
         Device::Cpu => with_element_type!(x.dtype(), T => softmax_cpu::<T>(x, scale, mask, cols)),
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let table = dtype_table("softmax", x, ALL_SOFTMAX)?;
             check_launch_len("softmax", x.elem_count(), x.dtype())?;
@@ -138,6 +147,8 @@ pub fn softmax(x: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> 
             unsafe { launch_softmax(&cuda_device(x)?, table.forward_for(cols as u64), rows, &args)? };
             Ok(out)
         }
+        #[cfg(not(feature = "cuda"))]
+        device @ Device::Cuda(_) => Err(Error::cuda_disabled("softmax", device)),
     }
 }
 
@@ -180,11 +191,13 @@ fn softmax_cpu<T: Element>(x: &Tensor, scale: f64, mask: Option<&Tensor>, cols: 
 /// assert_eq!(ops::softmax_backward(&g, &y, 1.0)?.to_vec::<f32>()?, [0.1875, -0.1875]);
 /// # Ok(()) }
 /// ```
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // rows are for the CUDA half
 pub fn softmax_backward(g: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
     check::same_layout("softmax_backward", &[g, y])?;
     let (rows, cols) = rows_cols("softmax_backward", y)?;
     match y.device() {
         Device::Cpu => softmax_backward_cpu(g, y, scale, cols),
+        #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let table = dtype_table("softmax_backward", y, ALL_SOFTMAX)?;
             check_launch_len("softmax_backward", y.elem_count(), y.dtype())?;
@@ -206,6 +219,8 @@ pub fn softmax_backward(g: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
             unsafe { launch_softmax(&cuda_device(y)?, table.backward_for(cols as u64), rows, &args)? };
             Ok(out)
         }
+        #[cfg(not(feature = "cuda"))]
+        device @ Device::Cuda(_) => Err(Error::cuda_disabled("softmax_backward", device)),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod storage;
 
 pub use shape::Shape;
 
+#[cfg(feature = "cuda")]
 use crate::cuda::CudaDevice;
 use crate::dtype::with_element_type;
 use crate::{DType, Device, Element, Error, Result};
@@ -58,11 +59,13 @@ impl std::fmt::Debug for Tensor {
 
 /// The bit pattern one element of `value` has in `dtype`, for a device memset (f64 has no
 /// 64-bit memset: its tensors are filled from the host).
+#[cfg(feature = "cuda")]
 enum FillPattern {
     Bits32(u32),
     Bits16(u16),
 }
 
+#[cfg(feature = "cuda")]
 fn fill_pattern(value: f64, dtype: DType) -> Option<FillPattern> {
     match dtype {
         // The same rounding as the host path's `Element::from_f64`.
@@ -112,12 +115,15 @@ impl Tensor {
                 dtype: T::DTYPE,
                 device,
             }),
+            #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => {
                 let stream = CudaDevice::get(ordinal)?.current_stream();
                 let t = Tensor::uninit_on(&stream, shape, T::DTYPE)?;
                 t.write_host(&stream, bytemuck::cast_slice(&data))?;
                 Ok(t)
             }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(Error::cuda_disabled("Tensor::from_vec", device)),
         }
     }
 
@@ -194,6 +200,7 @@ impl Tensor {
     pub fn full(value: f64, shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
         let shape = shape.into();
         let n = element_count("Tensor::full", &shape)?;
+        #[cfg(feature = "cuda")]
         if let (Device::Cuda(ordinal), Some(pattern)) = (device, fill_pattern(value, dtype)) {
             // A memset of the value's bit pattern on the device: no host buffer, no copy.
             let stream = CudaDevice::get(ordinal)?.current_stream();
@@ -239,10 +246,14 @@ impl Tensor {
     pub(crate) fn empty(shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
         match device {
             Device::Cpu => Tensor::zeros(shape, dtype, device),
+            #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => Tensor::uninit_on(&CudaDevice::get(ordinal)?.current_stream(), shape, dtype),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(Error::cuda_disabled("Tensor::empty", device)),
         }
     }
 
+    #[cfg(feature = "cuda")]
     fn uninit_on(stream: &crate::cuda::Stream, shape: Shape, dtype: DType) -> Result<Tensor> {
         let n = element_count("Tensor::empty", &shape)?;
         let bytes = n.checked_mul(dtype.size_in_bytes()).ok_or(Error::TooLarge {
@@ -435,6 +446,7 @@ impl Tensor {
                 })?;
                 Ok(slice[range].to_vec())
             }
+            #[cfg(feature = "cuda")]
             StorageData::Cuda { device, bytes, uses } => {
                 let mut out = vec![T::from_f64(0.0); range.len()];
                 if out.is_empty() {
@@ -493,6 +505,7 @@ impl Tensor {
         if device == self.device {
             return self.copy();
         }
+        #[cfg(feature = "cuda")]
         if let (Device::Cuda(from), Device::Cuda(to)) = (self.device, device) {
             let (src, dst) = (CudaDevice::get(from)?, CudaDevice::get(to)?);
             if crate::cuda::peer::enable_peer_access(&src, &dst)? {
@@ -520,12 +533,15 @@ impl Tensor {
             Device::Cpu => {
                 with_element_type!(self.dtype, T => Tensor::from_vec(self.to_vec::<T>()?, self.shape.clone(), self.device))
             }
+            #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => {
                 let stream = CudaDevice::get(ordinal)?.current_stream();
                 let out = Tensor::uninit_on(&stream, self.shape.clone(), self.dtype)?;
                 out.copy_from_(self)?; // device to device
                 Ok(out)
             }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(Error::cuda_disabled("Tensor::copy", self.device)),
         }
     }
 
@@ -576,6 +592,7 @@ impl Tensor {
         crate::ops::check::same_layout("Tensor::copy_from_", &[self, src])?;
         match (&self.storage.data, &src.storage.data) {
             // Device to device, unless both are views of one buffer (one lock would be taken twice).
+            #[cfg(feature = "cuda")]
             (
                 StorageData::Cuda { device, bytes: dst, uses: dst_uses },
                 StorageData::Cuda { bytes: src_bytes, uses: src_uses, .. },
@@ -619,11 +636,13 @@ impl Tensor {
                 self.storage.bump_version();
                 Ok(())
             }
+            #[cfg(feature = "cuda")]
             StorageData::Cuda { device, .. } => self.write_host(&device.current_stream(), bytemuck::cast_slice(values)),
         }
     }
 
     /// Copies `data` (exactly this tensor's bytes) from the host into this tensor's range.
+    #[cfg(feature = "cuda")]
     fn write_host(&self, stream: &crate::cuda::Stream, data: &[u8]) -> Result<()> {
         let StorageData::Cuda { device, bytes, uses } = &self.storage.data else {
             return Err(Error::DeviceMismatch { op: "Tensor::write", lhs: self.device, rhs: Device::Cpu });
@@ -657,6 +676,7 @@ impl Tensor {
     pub fn device_address(&self) -> Option<u64> {
         match &self.storage.data {
             StorageData::Cpu(_) => None,
+            #[cfg(feature = "cuda")]
             StorageData::Cuda { bytes, .. } => {
                 let base = storage::raw_address(&bytes.read_recursive());
                 Some(base + (self.offset * self.dtype.size_in_bytes()) as u64)

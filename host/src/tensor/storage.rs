@@ -1,11 +1,17 @@
 //! Memory behind tensors, shared between a tensor and its views.
-use crate::cuda::block_cache::MAX_BLOCK;
-use crate::cuda::stream_order::StreamUses;
-use crate::cuda::{CudaDevice, Stream};
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::DType;
+#[cfg(feature = "cuda")]
+use crate::cuda::{CudaDevice, Stream, block_cache::MAX_BLOCK, stream_order::StreamUses};
+#[cfg(feature = "cuda")]
+use crate::{Device, Error, Result, Tensor};
+#[cfg(feature = "cuda")]
 use cudarc::driver::{CudaSlice, DevicePtr};
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::RwLock;
+#[cfg(feature = "cuda")]
+use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
+#[cfg(feature = "cuda")]
 use smallvec::SmallVec;
+#[cfg(feature = "cuda")]
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +47,7 @@ pub(crate) struct Storage {
 pub(crate) enum StorageData {
     Cpu(RwLock<CpuBuffer>),
     /// Device memory as raw bytes: kernels see only pointers, and the tensor knows the dtype.
+    #[cfg(feature = "cuda")]
     Cuda {
         device: CudaDevice,
         /// Taken out by `Storage`'s destructor, which frees it or keeps it for reuse.
@@ -50,6 +57,7 @@ pub(crate) enum StorageData {
     },
 }
 
+#[cfg(feature = "cuda")]
 impl Drop for Storage {
     fn drop(&mut self) {
         // The memory is freed on the stream that allocated it; that stream first waits for
@@ -75,6 +83,7 @@ impl Storage {
     }
 
     /// Uninitialised device memory for `bytes` bytes, allocated on `stream`.
+    #[cfg(feature = "cuda")]
     pub(crate) fn cuda_uninit(stream: &Stream, bytes: usize) -> Result<Arc<Self>> {
         let device = stream.device().clone();
         device.bind()?;
@@ -120,11 +129,13 @@ impl Storage {
     }
 }
 
+#[cfg(feature = "cuda")]
 enum CudaGuard<'a> {
     Read(RwLockReadGuard<'a, CudaSlice<u8>>),
     Write(RwLockWriteGuard<'a, CudaSlice<u8>>),
 }
 
+#[cfg(feature = "cuda")]
 /// Calls `f` with device pointers to the first element of each of `reads` and `writes` (in the
 /// order given), valid on `stream` for the duration of `f`.
 ///
@@ -192,6 +203,7 @@ pub(crate) fn with_cuda_ptrs<R>(
     result
 }
 
+#[cfg(feature = "cuda")]
 /// The device address of a locked allocation.
 fn device_address(guard: &CudaGuard<'_>) -> u64 {
     let slice: &CudaSlice<u8> = match guard {
@@ -201,6 +213,7 @@ fn device_address(guard: &CudaGuard<'_>) -> u64 {
     raw_address(slice)
 }
 
+#[cfg(feature = "cuda")]
 /// The device address of `slice`. cudarc's event tracking is off for opsmith's contexts, so
 /// `device_ptr` records and waits for nothing: it is a plain read of the address.
 pub(crate) fn raw_address(slice: &CudaSlice<u8>) -> u64 {
@@ -208,6 +221,7 @@ pub(crate) fn raw_address(slice: &CudaSlice<u8>) -> u64 {
     ptr
 }
 
+#[cfg(feature = "cuda")]
 /// Copies all of `src` into `dst`, which live on two different CUDA devices with peer access
 /// enabled between them (see `cuda::peer`), without a host round trip.
 ///
