@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a bundle made by scripts/gpu-bundle.sh on a GPU machine, and prints a summary table last.
-#   run.sh [test|examples|sanitize|bench|all]     (default: all)
+#   run.sh [test|examples|sanitize|bench|coldstart|all]     (default: all)
 #   SUITES="test-host-gpu ..." and TOOLS="memcheck ..." narrow the GPU suites and sanitizer tools.
 # sanitize runs compute-sanitizer's memcheck, racecheck, initcheck and synccheck over every GPU suite.
 # bench needs python3 with PyTorch for the side-by-side comparison.
@@ -71,6 +71,39 @@ if [[ $what == sanitize || $what == all ]]; then
         --skip large_product
     done
   done
+fi
+if [[ $what == coldstart || $what == all ]]; then
+  # A fresh process's first CUDA op, with the driver's JIT cache off (as in a new container) and
+  # on; wall time of whole processes with bash's `time`, and PyTorch's import + first op beside.
+  cd "$here"
+  wall() { # label, command... -> "| label | seconds |" from bash's clock, output to the log
+    local label=$1; shift
+    local t0=$EPOCHREALTIME
+    "$@" >>"$logs/coldstart.log" 2>&1
+    local rc=$?
+    # train_mlp --steps 1 exits 1 for its accuracy promise (one step cannot keep it); its time counts.
+    printf '| %s | %.3f | %s |\n' "$label" "$(awk "BEGIN { print $EPOCHREALTIME - $t0 }")" "$([ $rc -eq 0 ] && echo ok || echo "exit $rc")"
+  }
+  torch_first_op='import torch; x = torch.ones(1 << 20, device="cuda"); y = torch.addcmul(x, x, x); torch.cuda.synchronize(); assert y[0].item() == 2.0'
+  {
+    echo "| process (wall, whole process) | s | result |"
+    echo "|---|---|---|"
+    for cache in 1 0; do
+      export CUDA_CACHE_DISABLE=$cache
+      c=$([ $cache -eq 1 ] && echo "cache off" || echo "cache on")
+      wall "cold_start, $c" bin/cold_start
+      wall "cold_start, PTX forced, $c" env OPSMITH_KERNEL_IMAGE=ptx bin/cold_start
+      wall "quickstart, $c" bin/quickstart
+      wall "train_mlp --steps 1, $c" bin/train_mlp --steps 1 --out "$logs/mlp-coldstart.safetensors"
+      wall "doctor, $c" bin/doctor
+      wall "PyTorch: import + first addcmul, $c" python3 -c "$torch_first_op"
+    done
+    unset CUDA_CACHE_DISABLE
+  } >"$logs/coldstart-table.md"
+  summary+=("| coldstart | ok | - | see coldstart-table.md |")
+  cat "$logs/coldstart-table.md"
+  grep -E "^\||first CUDA result" "$logs/coldstart.log" || true
+  cd - >/dev/null
 fi
 if [[ $what == bench || $what == all ]]; then
   run bandwidth "$here/bin/bandwidth" --out "$logs"

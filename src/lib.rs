@@ -16,7 +16,16 @@
 //! assert_eq!(z.to_vec::<f32>()?, [2.0, 8.0]);
 //! # Ok(()) }
 //! ```
+//!
+//! Cargo features, all on by default: `cuda` (CUDA devices, through `cudarc` with the driver
+//! loaded at run time), `cublas` (`ops::matmul` on CUDA) and `nccl` (collectives between GPUs).
+//! With `default-features = false` opsmith is the CPU backend alone, with no `cudarc` in the
+//! dependency tree, and asking for `Device::Cuda(n)` is [`Error::FeatureDisabled`]. Nothing in
+//! the build needs a nightly, a CUDA toolkit or network access beyond crates.io: the kernels
+//! ship prebuilt.
 #![warn(missing_docs)]
+// docs.rs marks what each cargo feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use opsmith_autograd as autograd;
 pub use opsmith_host as host;

@@ -29,6 +29,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// docs.rs marks what each cargo feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod custom;
 #[cfg(feature = "nccl")]

@@ -27,6 +27,8 @@
 //! `dist`'s communicators. The CUDA libraries are loaded at run time, so none of them is
 //! needed to build.
 #![warn(missing_docs)]
+// docs.rs marks what each cargo feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -45,9 +45,10 @@ pub const PINNED_TOOLCHAIN: &str = "nightly-2026-05-20";
 /// Why the PTX build failed, with what to do about it.
 ///
 /// ```
-/// use opsmith_ptx_builder::{PtxBuildError, PtxBuilder};
+/// use opsmith_ptx_builder::{PINNED_TOOLCHAIN, PtxBuildError, PtxBuilder};
 /// let out = std::env::temp_dir().join("opsmith-ptx-builder-doc-missing");
-/// let result = PtxBuilder::new("no/such/kernel/crate").out_dir(&out).rerun_if_changed(false).build();
+/// let builder = PtxBuilder::new("no/such/kernel/crate").toolchain(PINNED_TOOLCHAIN);
+/// let result = builder.out_dir(&out).rerun_if_changed(false).build();
 /// match result {
 ///     Err(PtxBuildError::Cargo { manifest, stderr }) => {
 ///         assert!(manifest.ends_with("no/such/kernel/crate/Cargo.toml"));
@@ -155,7 +156,7 @@ pub struct BuiltPtx {
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use opsmith_ptx_builder::PtxBuilder;
+/// use opsmith_ptx_builder::{PINNED_TOOLCHAIN, PtxBuilder};
 /// let dir = std::env::temp_dir().join("opsmith-ptx-builder-doc");
 /// std::fs::create_dir_all(dir.join("src"))?;
 /// std::fs::write(
@@ -183,7 +184,13 @@ pub struct BuiltPtx {
 ///     unsafe { core::arch::nvptx::trap() }
 /// }
 /// "#)?;
-/// let ptx = PtxBuilder::new(&dir).arch("sm_80").out_dir(dir.join("out")).rerun_if_changed(false).build()?;
+/// // Through rustup's copy of the pinned nightly, so that this builds from a stable toolchain too.
+/// let ptx = PtxBuilder::new(&dir)
+///     .toolchain(PINNED_TOOLCHAIN)
+///     .arch("sm_80")
+///     .out_dir(dir.join("out"))
+///     .rerun_if_changed(false)
+///     .build()?;
 /// assert_eq!(ptx.entries, ["double_f32"]);
 /// assert!(std::fs::read_to_string(&ptx.path)?.contains(".target sm_80"));
 /// # Ok(()) }
@@ -309,9 +316,10 @@ impl PtxBuilder {
     /// for a full build.
     ///
     /// ```
-    /// use opsmith_ptx_builder::{PtxBuildError, PtxBuilder};
+    /// use opsmith_ptx_builder::{PINNED_TOOLCHAIN, PtxBuildError, PtxBuilder};
     /// let out = std::env::temp_dir().join("opsmith-ptx-builder-doc-nothing");
-    /// let result = PtxBuilder::new("/nonexistent").out_dir(&out).rerun_if_changed(false).build();
+    /// let builder = PtxBuilder::new("/nonexistent").toolchain(PINNED_TOOLCHAIN);
+    /// let result = builder.out_dir(&out).rerun_if_changed(false).build();
     /// assert!(matches!(result, Err(PtxBuildError::Cargo { .. })));
     /// ```
     pub fn build(&self) -> Result<BuiltPtx, PtxBuildError> {

@@ -1,8 +1,9 @@
 //! opsmith's maintenance commands, run as `cargo xtask <task>` (an alias in .cargo/config.toml).
 //!
 //! ```text
-//! cargo xtask kernels           regenerate host/prebuilt/: per kernel family, the PTX and a cubin per architecture, zlib-compressed
-//! cargo xtask kernels --check   regenerate into a scratch folder and fail if host/prebuilt/ differs
+//! cargo xtask kernels           regenerate host/prebuilt/ (per kernel family, the PTX and a cubin per architecture,
+//!                               zlib-compressed) and the custom-op example's filter3x3.ptx
+//! cargo xtask kernels --check   regenerate into a scratch folder and fail if any of them differs
 //! ```
 //!
 //! `kernels` needs the pinned nightly with `rust-src` (`rustup toolchain install` in the
@@ -103,6 +104,25 @@ fn kernels(check: bool) -> Result<(), String> {
             CUBIN_ARCHS.len(),
             started.elapsed().as_secs_f64()
         );
+    }
+
+    // The custom-op example's kernels, which it embeds as plain PTX.
+    let example = PtxBuilder::new(root.join("examples/custom-op/kernels"))
+        .out_dir(scratch.join("custom-op"))
+        .rerun_if_changed(false)
+        .build()
+        .map_err(|e| format!("examples/custom-op/kernels: {e}"))?;
+    let example_ptx = std::fs::read(&example.path).map_err(|e| format!("{}: {e}", example.path.display()))?;
+    let example_file = root.join("examples/custom-op/filter3x3.ptx");
+    if check {
+        if std::fs::read(&example_file).ok().as_deref() != Some(&example_ptx[..]) {
+            return Err(format!(
+                "{} is stale; run `cargo xtask kernels` and commit the result",
+                example_file.display()
+            ));
+        }
+    } else {
+        write(&example_file, &example_ptx)?;
     }
 
     let wanted = file_names(&fresh)?;

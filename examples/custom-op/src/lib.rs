@@ -1,6 +1,8 @@
 //! `Filter3x3`: a custom autograd op (a fixed 3×3 weighted filter over a 2-D image, zero
 //! padded) with a CPU forward and backward and CUDA ones whose kernels are Rust, in
-//! `kernels/`, built to PTX by `build.rs` with `opsmith-ptx-builder`.
+//! `kernels/`, compiled to PTX either ahead of time (`filter3x3.ptx`, committed; any stable
+//! Rust builds this crate) or by `build.rs` with `opsmith-ptx-builder` (the `build-kernels`
+//! feature; needs the pinned nightly).
 use opsmith::autograd::{CustomOp, Result};
 use opsmith::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, KernelModule, LaunchConfig};
 use opsmith::{DType, Device, Error, Tensor};
@@ -8,8 +10,14 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The example's kernels as PTX.
+/// The example's kernels as PTX, built by `build.rs` from `kernels/`.
+#[cfg(feature = "build-kernels")]
 pub const PTX: &str = include_str!(env!("FILTER3X3_PTX"));
+
+/// The example's kernels as PTX: the committed file, made from `kernels/` by
+/// `cargo xtask kernels` (CI checks it is current).
+#[cfg(not(feature = "build-kernels"))]
+pub const PTX: &str = include_str!("../filter3x3.ptx");
 
 /// A Laplacian-style stencil, deliberately not symmetric, so that a backward that forgot to
 /// flip the stencil fails gradcheck.
