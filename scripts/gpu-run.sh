@@ -11,8 +11,12 @@ what=${1:-all}
 logs=${LOG_DIR:-$here/logs}
 mkdir -p "$logs"
 # The bundle ships its binaries packed (scripts/gpu-bundle.sh); unpack them once.
-if [[ -f $here/bin.tar.gz && ! -d $here/bin ]]; then
-  tar -C "$here" -xzf "$here/bin.tar.gz"
+if [[ -f $here/bin.tar.xz && ! -d $here/bin ]]; then
+  if command -v xz >/dev/null; then
+    xz -dc "$here/bin.tar.xz" | tar -C "$here" -x
+  else # python's lzma reads the same format
+    python3 -c 'import lzma, sys, tarfile; tarfile.open(fileobj=lzma.open(sys.argv[1])).extractall(sys.argv[2])' "$here/bin.tar.xz" "$here"
+  fi
 fi
 summary=()
 # opsmith sets it itself before NCCL starts; set here too so no test thread changes the
