@@ -199,3 +199,57 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn in_place_ops_and_copies_from_many_threads_do_not_deadlock() {
+    let _one = lock();
+    common::stress::in_place_ops_from_many_threads_finish(GPU, 8, 300, std::time::Duration::from_secs(120));
+}
+
+/// `a.copy_from_(&b)` on one thread and `b.copy_from_(&a)` on another, many times: the two
+/// storages are locked in one order by both.
+#[test]
+fn copies_in_both_directions_at_once_do_not_deadlock() -> Result<()> {
+    let _one = lock();
+    let a = Tensor::full(1.0, [1 << 16], DType::F32, GPU)?;
+    let b = Tensor::full(2.0, [1 << 16], DType::F32, GPU)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (dst, src) in [(a.clone(), b.clone()), (b.clone(), a.clone())] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let result = (0..2000).try_for_each(|_| dst.copy_from_(&src));
+            let _ = tx.send(result);
+        });
+    }
+    for _ in 0..2 {
+        rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the two copies deadlocked")?;
+    }
+    let (a, b) = (a.to_vec::<f32>()?, b.to_vec::<f32>()?);
+    assert!(a.iter().chain(&b).all(|&v| v == 1.0 || v == 2.0), "a copy produced another value");
+    Ok(())
+}
+
+/// A guard dropped before a later one removes its own stream, not the top of the stack.
+#[test]
+fn stream_guards_dropped_out_of_order_restore_the_right_stream() -> Result<()> {
+    let dev = CudaDevice::get(0)?;
+    let (first, second) = (dev.new_stream()?, dev.new_stream()?);
+    let g1 = first.make_current();
+    let g2 = second.make_current();
+    assert!(dev.current_stream() == second);
+    drop(g1); // out of order: `second` stays current
+    assert!(dev.current_stream() == second, "dropping the outer guard took the inner stream off");
+    drop(g2);
+    assert!(dev.current_stream() == dev.default_stream());
+    // Nested and in order still works.
+    {
+        let _outer = first.make_current();
+        {
+            let _inner = second.make_current();
+            assert!(dev.current_stream() == second);
+        }
+        assert!(dev.current_stream() == first);
+    }
+    assert!(dev.current_stream() == dev.default_stream());
+    Ok(())
+}

@@ -34,6 +34,12 @@ pub struct Stream {
     inner: Arc<CudaStream>,
 }
 
+impl PartialEq for Stream {
+    fn eq(&self, other: &Self) -> bool {
+        self.same_as(other)
+    }
+}
+
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Stream(cuda:{}, {:?})", self.device.ordinal(), self.inner.cu_stream())
@@ -41,13 +47,16 @@ impl std::fmt::Debug for Stream {
 }
 
 thread_local! {
-    /// Streams made current by [`Stream::make_current`], innermost last.
-    static CURRENT: RefCell<Vec<Stream>> = const { RefCell::new(Vec::new()) };
+    /// Streams made current by [`Stream::make_current`], innermost last, each with the id of
+    /// the guard that put it there.
+    static CURRENT: RefCell<Vec<(u64, Stream)>> = const { RefCell::new(Vec::new()) };
+    /// The next guard's id.
+    static NEXT_GUARD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// The innermost stream made current on this thread for `device`, if any.
 pub(crate) fn current_for(device: &CudaDevice) -> Option<Stream> {
-    CURRENT.with(|c| c.borrow().iter().rev().find(|s| s.device == *device).cloned())
+    CURRENT.with(|c| c.borrow().iter().rev().find(|(_, s)| s.device == *device).map(|(_, s)| s.clone()))
 }
 
 /// Restores the previous current stream when dropped. See [`Stream::make_current`].
@@ -66,13 +75,17 @@ pub(crate) fn current_for(device: &CudaDevice) -> Option<Stream> {
 /// ```
 #[must_use = "the stream stops being current when the guard is dropped"]
 pub struct StreamGuard {
+    /// Which entry of this thread's stack the guard removes.
+    id: u64,
     // Not Send: the guard must drop on the thread whose stack it changed.
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        CURRENT.with(|c| c.borrow_mut().pop());
+        // Its own entry, wherever it is: guards dropped out of order (stored in a struct, moved
+        // into a Vec) must not take another guard's stream off the stack.
+        CURRENT.with(|c| c.borrow_mut().retain(|(id, _)| *id != self.id));
     }
 }
 
@@ -99,8 +112,20 @@ impl Stream {
         &self.inner
     }
 
-    /// Whether `self` and `other` are one CUDA stream.
-    pub(crate) fn same_as(&self, other: &Stream) -> bool {
+    /// Whether `self` and `other` are one CUDA stream (`==` says the same).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::CudaDevice;
+    /// let dev = CudaDevice::get(0)?;
+    /// let side = dev.new_stream()?;
+    /// let _guard = side.make_current();
+    /// assert!(dev.current_stream().same_as(&side));
+    /// assert!(!dev.default_stream().same_as(&side));
+    /// # Ok(()) }
+    /// ```
+    pub fn same_as(&self, other: &Stream) -> bool {
         self.inner.cu_stream() == other.inner.cu_stream() && self.device == other.device
     }
 
@@ -136,8 +161,9 @@ impl Stream {
     /// # Ok(()) }
     /// ```
     pub fn make_current(&self) -> StreamGuard {
-        CURRENT.with(|c| c.borrow_mut().push(self.clone()));
-        StreamGuard { _not_send: std::marker::PhantomData }
+        let id = NEXT_GUARD.with(|next| next.replace(next.get() + 1));
+        CURRENT.with(|c| c.borrow_mut().push((id, self.clone())));
+        StreamGuard { id, _not_send: std::marker::PhantomData }
     }
 
     /// Blocks until all work queued on this stream has finished.

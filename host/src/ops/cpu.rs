@@ -2,12 +2,12 @@
 //! kernel is fused, arithmetic in `Element::Acc` like the kernels.
 use super::{Activation, Elementwise};
 use crate::dtype::{Accumulator, with_element_type};
-use crate::tensor::storage::{CpuBuffer, StorageData};
+use crate::tensor::storage::{CpuBuffer, Storage, StorageData};
 use crate::{DType, Element, Error, Result, Tensor};
 use half::f16;
 use ndarray::{ArrayView1, ArrayViewMut1};
 use opsmith_kernels::{activation, optim};
-use parking_lot::RwLockReadGuard;
+use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 use std::sync::Arc;
 
@@ -42,8 +42,26 @@ fn run<T: Element>(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tensor]) -> 
         return Ok(());
     }
 
-    let in_guards: Vec<RwLockReadGuard<'_, CpuBuffer>> =
-        inputs.iter().map(|t| cpu_buffer(t).map(|b| b.read_recursive())).collect::<Result<_>>()?;
+    // Every storage is locked in address order, the order every op takes (`with_cuda_ptrs`
+    // too), so that threads writing each other's inputs cannot deadlock. Inputs and outputs
+    // share no storage here (that case went through fresh memory above).
+    let mut order: SmallVec<[(*const Storage, bool, usize); 8]> = SmallVec::new();
+    order.extend(inputs.iter().enumerate().map(|(i, t)| (Arc::as_ptr(&t.storage), false, i)));
+    order.extend(outputs.iter().enumerate().map(|(i, t)| (Arc::as_ptr(&t.storage), true, i)));
+    order.sort_by_key(|&(storage, write, _)| (storage as usize, write));
+    let mut in_guards: SmallVec<[Option<RwLockReadGuard<'_, CpuBuffer>>; 4]> = inputs.iter().map(|_| None).collect();
+    let mut out_guards: SmallVec<[Option<RwLockWriteGuard<'_, CpuBuffer>>; 3]> =
+        outputs.iter().map(|_| None).collect();
+    for (_, write, i) in order {
+        if write {
+            out_guards[i] = Some(cpu_buffer(outputs[i])?.write());
+            outputs[i].storage.bump_version();
+        } else {
+            in_guards[i] = Some(cpu_buffer(inputs[i])?.read_recursive());
+        }
+    }
+    let in_guards: SmallVec<[RwLockReadGuard<'_, CpuBuffer>; 4]> = in_guards.into_iter().flatten().collect();
+    let mut out_guards: SmallVec<[RwLockWriteGuard<'_, CpuBuffer>; 3]> = out_guards.into_iter().flatten().collect();
     let ins: Vec<ArrayView1<'_, T>> = inputs
         .iter()
         .zip(&in_guards)
@@ -54,11 +72,6 @@ fn run<T: Element>(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tensor]) -> 
                 .ok_or(Error::ElementType { op: "cpu op", requested: T::DTYPE, actual })
         })
         .collect::<Result<_>>()?;
-    let mut out_guards = Vec::with_capacity(outputs.len());
-    for t in outputs {
-        out_guards.push(cpu_buffer(t)?.write());
-        t.storage.bump_version();
-    }
     let mut outs: Vec<ArrayViewMut1<'_, T>> = Vec::with_capacity(outputs.len());
     for (t, g) in outputs.iter().zip(out_guards.iter_mut()) {
         let actual = g.dtype();

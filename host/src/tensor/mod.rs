@@ -603,9 +603,16 @@ impl Tensor {
                     return Ok(());
                 }
                 let stream = device.current_stream();
-                let src_guard = src_bytes.read_recursive();
+                // Locked in address order, as every op locks, so that `a.copy_from_(&b)` and
+                // `b.copy_from_(&a)` on two threads cannot deadlock.
+                let (src_guard, mut dst_guard) = if Arc::as_ptr(&src.storage) < Arc::as_ptr(&self.storage) {
+                    let s = src_bytes.read_recursive();
+                    (s, dst.write())
+                } else {
+                    let d = dst.write();
+                    (src_bytes.read_recursive(), d)
+                };
                 let src_view = src_guard.slice(src.offset * size..(src.offset + n) * size);
-                let mut dst_guard = dst.write();
                 let mut dst_view = dst_guard.slice_mut(self.offset * size..(self.offset + n) * size);
                 device.bind()?;
                 src_uses.read_on(&stream)?;

@@ -5,6 +5,7 @@
 pub mod activation;
 pub mod matmul;
 pub mod optim;
+pub mod stress;
 
 use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
 use proptest::prelude::*;
