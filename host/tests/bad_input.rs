@@ -66,6 +66,47 @@ fn empty_where_empty_is_not_allowed() {
     assert_eq!(ops::sum(&empty).unwrap().to_vec::<f32>().unwrap(), [0.0]);
 }
 
+/// Host allocations that cannot be made are errors, never an abort or a panic: a tensor of
+/// 2^40 f32 (4 TiB, more than this machine has), 2^62 (more than an allocation can address),
+/// and outputs that are huge though their inputs are empty. (2^40 is refused by Linux's default
+/// overcommit heuristic, since it exceeds RAM and swap; the address-space case always is.)
+#[test]
+fn host_allocations_that_cannot_be_made_are_errors() {
+    let too_big = |e: &Error| matches!(e, Error::OutOfMemory { device: Device::Cpu, .. } | Error::TooLarge { .. });
+    for n in [1usize << 40, 1 << 46, 1 << 62] {
+        let err = Tensor::zeros([n], DType::F32, Device::Cpu).unwrap_err();
+        assert!(too_big(&err), "zeros([{n}]): {err}");
+        let err = Tensor::full(1.5, [n], DType::BF16, Device::Cpu).unwrap_err();
+        assert!(too_big(&err), "full([{n}]): {err}");
+    }
+    assert!(matches!(Tensor::zeros([1usize << 62], DType::F32, Device::Cpu), Err(Error::TooLarge { .. })));
+    let one = Tensor::from_vec(vec![2.0f32], [], Device::Cpu).unwrap();
+    let err = ops::expand_scalar(&one, [1usize << 40], 1.0).unwrap_err();
+    assert!(too_big(&err), "expand_scalar: {err}");
+    let empty_rows = Tensor::zeros([0, 1usize << 40], DType::F32, Device::Cpu).unwrap();
+    let err = ops::sum_rows(&empty_rows).unwrap_err();
+    assert!(too_big(&err), "sum_rows: {err}");
+    let (a, b) = (
+        Tensor::zeros([1usize << 20, 0], DType::F32, Device::Cpu).unwrap(),
+        Tensor::zeros([0, 1usize << 20], DType::F32, Device::Cpu).unwrap(),
+    );
+    let err = ops::matmul(&a, &b).unwrap_err();
+    assert!(too_big(&err), "matmul: {err}");
+    // The process is still fine: a small tensor works.
+    assert_eq!(Tensor::full(3.0, [2], DType::F32, Device::Cpu).unwrap().to_vec::<f32>().unwrap(), [3.0, 3.0]);
+}
+
+/// A shape with a zero dim holds nothing, but one whose other dims overflow when multiplied is
+/// still too large (its strides would overflow), in any order of the dims.
+#[test]
+fn shapes_whose_dims_overflow_are_too_large_even_with_a_zero() {
+    for dims in [[0, usize::MAX, usize::MAX], [usize::MAX, 0, usize::MAX], [usize::MAX, usize::MAX, 0]] {
+        let err = Tensor::zeros(dims.to_vec(), DType::F32, Device::Cpu).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { .. }), "{dims:?}: {err}");
+    }
+    assert_eq!(Tensor::zeros([0, usize::MAX], DType::F32, Device::Cpu).unwrap().elem_count(), 0);
+}
+
 #[test]
 fn too_large_for_one_launch() {
     let err = Tensor::zeros([usize::MAX / 2, 4], DType::F32, Device::Cpu).unwrap_err();

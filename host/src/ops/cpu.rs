@@ -50,8 +50,7 @@ fn run<T: Element>(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tensor]) -> 
     order.extend(outputs.iter().enumerate().map(|(i, t)| (Arc::as_ptr(&t.storage), true, i)));
     order.sort_by_key(|&(storage, write, _)| (storage as usize, write));
     let mut in_guards: SmallVec<[Option<RwLockReadGuard<'_, CpuBuffer>>; 4]> = inputs.iter().map(|_| None).collect();
-    let mut out_guards: SmallVec<[Option<RwLockWriteGuard<'_, CpuBuffer>>; 3]> =
-        outputs.iter().map(|_| None).collect();
+    let mut out_guards: SmallVec<[Option<RwLockWriteGuard<'_, CpuBuffer>>; 3]> = outputs.iter().map(|_| None).collect();
     for (_, write, i) in order {
         if write {
             out_guards[i] = Some(cpu_buffer(outputs[i])?.write());

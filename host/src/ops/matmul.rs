@@ -219,7 +219,7 @@ fn cpu<T: Element>(p: &Product, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<
     let (a_values, b_values) = (widen(a)?, widen(b)?);
     let (a_shape, b_shape) = (p.a_stored(), p.b_stored());
     let (zero, one) = (T::Acc::from_f64(0.0), T::Acc::from_f64(1.0));
-    let mut c_values = vec![zero; p.batch * p.m * p.n];
+    let mut c_values = crate::tensor::host_vec(p.op, out.elem_count(), zero)?;
     // Every length is non-zero here (`is_trivial` is false), as `chunks_exact` requires.
     let batches = a_values
         .chunks_exact(a_shape.0 * a_shape.1)

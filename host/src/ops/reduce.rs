@@ -157,8 +157,7 @@ pub fn expand_scalar(g: &Tensor, shape: impl Into<Shape>, scale: f64) -> Result<
     match g.device() {
         Device::Cpu => {
             let value = g.to_vec_f64()?[0];
-            let n = shape.checked_elem_count().unwrap_or(0);
-            Tensor::from_f64(&vec![value * scale; n], shape, g.dtype(), Device::Cpu)
+            Tensor::full(value * scale, shape, g.dtype(), Device::Cpu)
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
@@ -262,7 +261,10 @@ pub fn sum_rows(g: &Tensor) -> Result<Tensor> {
     match g.device() {
         Device::Cpu => {
             let gv = g.to_vec_f64()?;
-            let sums: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| gv[r * cols + c]).sum()).collect();
+            let mut sums = crate::tensor::host_vec("sum_rows", cols, 0.0f64)?;
+            for (c, sum) in sums.iter_mut().enumerate() {
+                *sum = (0..rows).map(|r| gv[r * cols + c]).sum();
+            }
             Tensor::from_f64(&sums, [cols], g.dtype(), Device::Cpu)
         }
         #[cfg(feature = "cuda")]

@@ -76,6 +76,22 @@ fn fill_pattern(value: f64, dtype: DType) -> Option<FillPattern> {
     }
 }
 
+/// `n` copies of `value` in host memory, or [`Error::TooLarge`] (more bytes than an allocation
+/// can hold) or [`Error::OutOfMemory`] (the allocator refused) instead of the abort or
+/// capacity-overflow panic of `vec![value; n]`.
+pub(crate) fn host_vec<T: Clone>(op: &'static str, n: usize, value: T) -> Result<Vec<T>> {
+    let bytes =
+        n.checked_mul(std::mem::size_of::<T>()).filter(|&b| b <= isize::MAX as usize).ok_or(Error::TooLarge {
+            op: op.into(),
+            elements: n as u64,
+            limit: (isize::MAX as usize / std::mem::size_of::<T>().max(1)) as u64,
+        })?;
+    let mut values = Vec::new();
+    values.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { device: Device::Cpu, bytes })?;
+    values.resize(n, value);
+    Ok(values)
+}
+
 fn element_count(op: &'static str, shape: &Shape) -> Result<usize> {
     shape.checked_elem_count().ok_or_else(|| Error::TooLarge {
         op: op.into(),
@@ -225,7 +241,7 @@ impl Tensor {
             }
             return Ok(t);
         }
-        with_element_type!(dtype, T => Tensor::from_vec(vec![T::from_f64(value); n], shape, device))
+        with_element_type!(dtype, T => Tensor::from_vec(host_vec("Tensor::full", n, T::from_f64(value))?, shape, device))
     }
 
     /// A tensor of zeros.
@@ -448,7 +464,7 @@ impl Tensor {
             }
             #[cfg(feature = "cuda")]
             StorageData::Cuda { device, bytes, uses } => {
-                let mut out = vec![T::from_f64(0.0); range.len()];
+                let mut out = host_vec("Tensor::to_vec", range.len(), T::from_f64(0.0))?;
                 if out.is_empty() {
                     return Ok(out);
                 }

@@ -39,16 +39,23 @@ impl Shape {
         self.0.len()
     }
 
-    /// The number of elements, or `None` if the product overflows `usize`.
+    /// The number of elements, or `None` if the product of the dims overflows `usize`, or the
+    /// product of the non-zero ones does (a shape with a zero dim holds nothing, but the other
+    /// dims still make its strides, so `[0, usize::MAX, usize::MAX]` is refused as too large).
     ///
     /// ```
     /// use opsmith_host::Shape;
     /// assert_eq!(Shape::from([2, 3]).checked_elem_count(), Some(6));
     /// assert_eq!(Shape::from([]).checked_elem_count(), Some(1));
+    /// assert_eq!(Shape::from([0, 1 << 40]).checked_elem_count(), Some(0));
     /// assert_eq!(Shape::from([usize::MAX, 2]).checked_elem_count(), None);
+    /// assert_eq!(Shape::from([0, usize::MAX, usize::MAX]).checked_elem_count(), None);
     /// ```
     pub fn checked_elem_count(&self) -> Option<usize> {
-        self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        // The non-zero dims' product must fit too, whatever the order of the dims: a shape such
+        // as [0, usize::MAX, usize::MAX] holds no element, but its strides overflow.
+        let nonzero = self.0.iter().filter(|&&d| d != 0).try_fold(1usize, |acc, &d| acc.checked_mul(d))?;
+        Some(if self.0.contains(&0) { 0 } else { nonzero })
     }
 }
 

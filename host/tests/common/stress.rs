@@ -9,11 +9,15 @@ use std::time::Duration;
 /// `fused_mul_add_into`, `copy_from_`) whose inputs and outputs are drawn from four shared
 /// tensors on `device`, and fails if they have not all finished within `deadline`: a deadlock
 /// shows as a timeout, not as a hung test run. Every op must succeed.
-pub fn in_place_ops_from_many_threads_finish(device: Device, threads: usize, ops_per_thread: usize, deadline: Duration) {
+pub fn in_place_ops_from_many_threads_finish(
+    device: Device,
+    threads: usize,
+    ops_per_thread: usize,
+    deadline: Duration,
+) {
     let n = 4099;
-    let shared: Vec<Tensor> = (0..4)
-        .map(|k| Tensor::from_f64(&vec![0.25 * (k as f64 + 1.0); n], [n], DType::F32, device).unwrap())
-        .collect();
+    let shared: Vec<Tensor> =
+        (0..4).map(|k| Tensor::from_f64(&vec![0.25 * (k as f64 + 1.0); n], [n], DType::F32, device).unwrap()).collect();
     let (done, finished) = mpsc::channel::<Result<()>>();
     for t in 0..threads {
         let (shared, done) = (shared.clone(), done.clone());
