@@ -4,7 +4,9 @@
 //!
 //! The whole-tensor sum is two launches with a fixed order of additions, so it gives the same
 //! bits on every run: `sum_partials` leaves one f32 partial per warp in a scratch buffer, and
-//! `sum_finish` adds the partials in one warp.
+//! `sum_finish` adds the partials in one warp. Each thread's sequential share of either pass
+//! (a thousand values a thread at 2^28 elements, hundreds of partials a lane) is a compensated
+//! sum, so the error is that of the warps' trees, not of the long chains.
 use crate::names::ReductionKernels;
 
 macro_rules! reduction_family {
@@ -37,15 +39,15 @@ macro_rules! reduction_family {
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $partials(x: *const $elem, partials: *mut f32, n: u64) {
-            use crate::device::{element::Element, index, warp};
-            let mut acc = 0.0f32;
+            use crate::device::{element::Element, index, math::CompensatedSum, warp};
+            let mut acc = CompensatedSum::ZERO;
             for i in index::GridStride::over(0, n) {
                 // SAFETY: i < n.
-                acc += unsafe { x.add(i as usize).read() }.to_f32();
+                acc = acc.add(unsafe { x.add(i as usize).read() }.to_f32());
             }
             // SAFETY: every lane of every warp reaches this point (the loop above has no early
             // exit), and `partials` holds one value per warp of the grid.
-            unsafe { warp::store_warp_total(acc, partials) };
+            unsafe { warp::store_warp_total(acc.total(), partials) };
         }
 
         /// Second pass of a sum, launched as one warp (grid 1, block 32):
@@ -57,17 +59,17 @@ macro_rules! reduction_family {
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $finish(partials: *const f32, out: *mut $elem, count: u64, scale: f32) {
-            use crate::device::{element::Element, warp};
+            use crate::device::{element::Element, math::CompensatedSum, warp};
             let lane = warp::lane_id() as u64;
-            let mut acc = 0.0f32;
+            let mut acc = CompensatedSum::ZERO;
             let mut i = lane;
             while i < count {
                 // SAFETY: i < count.
-                acc += unsafe { partials.add(i as usize).read() };
+                acc = acc.add(unsafe { partials.add(i as usize).read() });
                 i += 32;
             }
             // SAFETY: the launch is one whole warp and every lane reaches this point.
-            let total = unsafe { warp::warp_sum(acc) };
+            let total = unsafe { warp::warp_sum(acc.total()) };
             if lane == 0 {
                 // SAFETY: `out` is valid for one element.
                 unsafe { out.write(<$elem>::from_f32(total * scale)) };

@@ -41,8 +41,8 @@ mod imp {
     use crate::device::block::BlockReduce;
     use crate::device::element::Element;
     use crate::device::index::GridStride;
-    use crate::device::logsumexp::{ExpSum, exp_bias, exp_shifted, local_max, reciprocal_or_zero};
-    use crate::device::math::fma;
+    use crate::device::logsumexp::{LongExpSum, exp_bias, exp_shifted, local_max, reciprocal_or_zero};
+    use crate::device::math::{CompensatedSum, fma};
     use crate::device::rows::{RowLanes, rows_packable};
     use crate::device::unroll::{Count, Unrolled, fold, from_fn};
     use crate::device::warp::{warp_max, warp_sum};
@@ -202,9 +202,10 @@ mod imp {
             // tiles, so the group is converged at each collective; the output row is this
             // group's alone, and within it each column belongs to one thread.
             if LONG {
-                let local = (0..lanes.tiles()).fold(ExpSum::EMPTY, |s, k| s.add(&row(k)));
+                let local = (0..lanes.tiles()).fold(LongExpSum::EMPTY, |s, k| s.add(&row(k)));
                 let max = unsafe { group.max(local.max) };
-                let sum = unsafe { group.sum(local.sum * exp_shifted(local.max, exp_bias(max))) };
+                let rescale = if local.max == max { 1.0 } else { exp_shifted(local.max, exp_bias(max)) };
+                let sum = unsafe { group.sum(local.sum.total() * rescale) };
                 let (bias, inv) = (exp_bias(max), reciprocal_or_zero(sum));
                 for k in 0..lanes.tiles() {
                     let y = |x, m| exp_shifted(logit::<MASK>(x, m, p.scale), bias) * inv;
@@ -293,11 +294,12 @@ mod imp {
             // group's alone, each column one thread's; every thread of the group runs the same
             // rows and tiles, so the group is converged at each collective.
             if LONG {
-                let mut local = 0.0;
+                // Compensated: a lane adds thousands of products of a long row.
+                let mut local = CompensatedSum::ZERO;
                 for k in 0..lanes.tiles() {
-                    unsafe { lanes.for_each([g, y], k, |_, [g, y]| local = fma(g, y, local)) };
+                    unsafe { lanes.for_each([g, y], k, |_, [g, y]| local = local.add(g * y)) };
                 }
-                let total = unsafe { group.sum(local) };
+                let total = unsafe { group.sum(local.total()) };
                 for k in 0..lanes.tiles() {
                     unsafe { lanes.map_store([g, y], gx, k, |_, [g, y]| gx_of(y, g, total)) };
                 }

@@ -6,7 +6,7 @@
 //! large the values. A row whose values are all `-inf` (a fully masked row) has no maximum to
 //! subtract; its bias is taken as 0, so every exponential is `2^-inf = 0`, the sum is 0, and
 //! [`reciprocal_or_zero`] turns the row into zeros instead of `(-inf) - (-inf) = NaN`.
-use super::math::{LOG2_E, exp2, fma};
+use super::math::{CompensatedSum, LOG2_E, exp2, fma};
 use super::unroll::{Count, Unrolled, fold};
 use super::warp::{warp_max, warp_sum};
 
@@ -37,6 +37,36 @@ where
     Count<V>: Unrolled,
 {
     fold::<V, f32>(f32::NEG_INFINITY, |m, s| m.max(values[s]))
+}
+
+/// [`ExpSum`] for the many tiles of a long row: the sum is compensated, and rescaled only when
+/// the maximum grows. (Rescaling by `exp(max - max)` is not exactly 1 here: the exponent is the
+/// rounding residue of `max * log2(e)`, and `ex2.approx` of it, applied once a tile, would bias
+/// the sum of a row of thousands of tiles.)
+#[derive(Clone, Copy)]
+pub struct LongExpSum {
+    /// The largest value seen (`-inf` before any).
+    pub max: f32,
+    /// The sum of `exp(z - max)` over the values seen.
+    pub sum: CompensatedSum,
+}
+
+impl LongExpSum {
+    /// Nothing seen yet.
+    pub const EMPTY: LongExpSum = LongExpSum { max: f32::NEG_INFINITY, sum: CompensatedSum::ZERO };
+
+    /// Adds a tile of values (`-inf` in empty slots).
+    #[inline(always)]
+    pub fn add<const V: usize>(self, values: &[f32; V]) -> LongExpSum
+    where
+        Count<V>: Unrolled,
+    {
+        let max = self.max.max(local_max(values));
+        let bias = exp_bias(max);
+        let sum = if max == self.max { self.sum } else { self.sum.scaled(exp_shifted(self.max, bias)) };
+        let sum = fold::<V, CompensatedSum>(sum, |sum, s| sum.add(exp_shifted(values[s], bias)));
+        LongExpSum { max, sum }
+    }
 }
 
 /// A running maximum and sum of `exp(z - max)` over the values seen so far.
