@@ -181,6 +181,7 @@ fn main() -> Result<()> {
 
     if only.is_none() {
         softmax_section(&dev, device, quick, &mut rows)?;
+        sum_section(&dev, device, quick, &mut rows)?;
     }
 
     println!("\n| op | dtype | n | median ms | bytes moved | GB/s | % of copy | % of same-size copy |");
@@ -291,8 +292,23 @@ fn other_ptx_rows(
 const SOFTMAX_TARGET: &str = "softmax fwd, full mask [4096x4096]";
 
 /// `softmax(scale * x + mask)` along rows of `(rows, cols)` matrices: square ones, and 2^24
-/// elements as rows of 1024, 4096 and 16384 values.
-const SOFTMAX_SHAPES: [(usize, usize); 5] = [(1024, 1024), (4096, 4096), (8192, 8192), (16384, 1024), (1024, 16384)];
+/// elements as rows of 1024, 4096, 16384 and 32768 values (the last past the block kernels:
+/// the two-pass one-warp kernel).
+const SOFTMAX_SHAPES: [(usize, usize); 6] =
+    [(1024, 1024), (4096, 4096), (8192, 8192), (16384, 1024), (1024, 16384), (512, 32768)];
+
+/// Whole-tensor `sum` of f32 (two launches: compensated partials per warp, then one warp),
+/// which reads each element once.
+fn sum_section(dev: &CudaDevice, device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
+    let sizes: &[u32] = if quick { &[24] } else { &[24, 26, 28] };
+    for &log2n in sizes {
+        let n = 1usize << log2n;
+        let x = random(DType::F32, n, 70, device)?;
+        let ms = time_ms(dev, || ops::sum(&x).map(drop))?;
+        rows.push(Row { what: "sum (whole tensor)".into(), dtype: DType::F32, log2n, ms, bytes: 4.0 * n as f64 });
+    }
+    Ok(())
+}
 
 /// Softmax forward with a full additive mask (x and the mask read, y written: 12 bytes an f32
 /// element) and without one (8 bytes), its backward (g and y read, gx written: 12 bytes), and
