@@ -1,6 +1,6 @@
 //! The kernels opsmith ships, embedded in the binary: for each kernel [`Family`], one PTX
 //! module and a cubin (machine code) per architecture of
-//! [`CUBIN_ARCHS`](opsmith_kernels::prebuilt::CUBIN_ARCHS), zlib-compressed. `cargo xtask kernels`
+//! `CUBIN_ARCHS` (`opsmith_kernels::prebuilt`), zlib-compressed. `cargo xtask kernels`
 //! writes them to `host/prebuilt/` from `kernels-gpu`; building opsmith compiles no kernel.
 //!
 //! A device loads a family the first time one of its kernels runs, and picks its image with
