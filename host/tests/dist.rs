@@ -8,10 +8,15 @@ use opsmith_host::dist::{Communicator, UniqueId};
 use opsmith_host::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
 const LONG: Duration = Duration::from_secs(20);
+/// What a deadline may be overrun by on a loaded 2-core CI machine; far below what a
+/// per-read timeout let a slow peer stretch it to.
+const MARGIN: Duration = Duration::from_millis(1500);
 
 /// A loopback address with a port nothing listens on right now.
 fn free_addr() -> SocketAddr {
@@ -105,6 +110,150 @@ fn strangers_on_the_port_are_ignored() -> Result<()> {
     let _ = http.read_to_end(&mut answer);
     assert!(answer.is_empty(), "the stranger was sent {answer:?}");
     Ok(())
+}
+
+/// Writes `bytes` one at a time, `gap` apart, until they run out, a write fails or `stop` is set.
+fn trickle(mut stream: TcpStream, bytes: Vec<u8>, gap: Duration, stop: Arc<AtomicBool>) {
+    for byte in bytes {
+        if stop.load(Ordering::Relaxed) || stream.write_all(&[byte]).is_err() {
+            return;
+        }
+        thread::sleep(gap);
+    }
+}
+
+#[test]
+fn a_trickling_stranger_cannot_hold_rank_0_past_its_deadline() {
+    let (listener, addr) = listener();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stranger = TcpStream::connect(addr).unwrap();
+    // The magic, then zeros: each byte comes before a per-read timeout of 1 s would expire.
+    let mut bytes = dist::MAGIC.to_vec();
+    bytes.resize(64, 0);
+    let slow = thread::spawn({
+        let stop = stop.clone();
+        move || trickle(stranger, bytes, Duration::from_millis(600), stop)
+    });
+    let timeout = Duration::from_secs(1);
+    let start = Instant::now();
+    let err = dist::serve_bytes(listener, 2, &payload(), timeout).unwrap_err();
+    let waited = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    assert!(matches!(&err, Error::BootstrapTimeout { rank: 0, missing, .. } if missing == &[1]), "{err}");
+    assert!(waited >= timeout && waited < timeout + MARGIN, "rank 0 returned after {waited:?}");
+    slow.join().unwrap();
+}
+
+#[test]
+fn a_trickling_rank_0_cannot_hold_a_peer_past_its_deadline() {
+    let (listener, addr) = listener();
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let (stream, _) = listener.accept().unwrap();
+            // A well-formed answer announcing 8 bytes, sent a byte at a time.
+            let mut bytes = dist::MAGIC.to_vec();
+            bytes.push(0);
+            bytes.extend_from_slice(&8u32.to_le_bytes());
+            bytes.extend_from_slice(&[7; 8]);
+            trickle(stream, bytes, Duration::from_millis(600), stop);
+        }
+    });
+    let timeout = Duration::from_secs(1);
+    let start = Instant::now();
+    let err = dist::fetch_bytes(addr, 1, 2, timeout).unwrap_err();
+    let waited = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    assert!(matches!(&err, Error::BootstrapTimeout { rank: 1, missing, .. } if missing == &[0]), "{err}");
+    assert!(waited >= timeout && waited < timeout + MARGIN, "the peer returned after {waited:?}");
+    server.join().unwrap();
+}
+
+#[test]
+fn silent_connections_do_not_starve_a_real_peer() -> Result<()> {
+    let (listener, addr) = listener();
+    let start = Instant::now();
+    let root = thread::spawn(move || dist::serve_bytes(listener, 2, &payload(), Duration::from_secs(3)));
+    // Connected before the real peer, and never a word: rank 0 must not wait on them in turn.
+    let silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(fetch(addr, 1, 2, Duration::from_secs(2)).join().unwrap()?, payload());
+    root.join().unwrap()?;
+    // Served at once, not after the silent ones had used up the timeout.
+    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    drop(silent);
+    Ok(())
+}
+
+#[test]
+fn rank_0_reads_at_most_max_pending_hellos_at_once() -> Result<()> {
+    let (listener, addr) = listener();
+    let root = thread::spawn(move || dist::serve_bytes(listener, 2, &payload(), Duration::from_secs(3)));
+    let extra = 5;
+    let mut silent: Vec<TcpStream> =
+        (0..dist::MAX_PENDING + extra).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    thread::sleep(Duration::from_millis(300));
+    // The oldest ones made room for the newer: rank 0 closed them without a word.
+    let open = |stream: &mut TcpStream| {
+        stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        match stream.read(&mut [0u8; 16]) {
+            Ok(0) => false,
+            Ok(n) => panic!("a silent connection was sent {n} bytes"),
+            Err(e) => {
+                assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "{e}");
+                true
+            }
+        }
+    };
+    let still_open: Vec<bool> = silent.iter_mut().take(extra + 1).map(open).collect();
+    let mut expected = vec![false; extra];
+    expected.push(true);
+    assert_eq!(still_open, expected);
+    // Rank 0 still takes a real peer, whose connection pushes out another silent one.
+    assert_eq!(fetch(addr, 1, 2, Duration::from_secs(2)).join().unwrap()?, payload());
+    root.join().unwrap()?;
+    Ok(())
+}
+
+#[test]
+fn a_flood_of_connections_cannot_hold_rank_0_past_its_deadline() {
+    let (listener, addr) = listener();
+    let stop = Arc::new(AtomicBool::new(false));
+    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Clients that open silent connections as fast as they can, for 6 s at most, each keeping
+    // its latest 50 open (so every one costs rank 0 a wait, yet few are held). A connect stuck
+    // on a full backlog is given up at once, so the flood does not pause for SYN retries.
+    let flood: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, connections) = (stop.clone(), connections.clone());
+            thread::spawn(move || {
+                let start = Instant::now();
+                let mut open = std::collections::VecDeque::new();
+                while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(6) {
+                    if let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(50)) {
+                        open.push_back(stream);
+                        if open.len() > 50 {
+                            open.pop_front();
+                        }
+                        connections.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    let timeout = Duration::from_secs(1);
+    let start = Instant::now();
+    let err = dist::serve_bytes(listener, 2, &payload(), timeout).unwrap_err();
+    let waited = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for client in flood {
+        client.join().unwrap();
+    }
+    assert!(matches!(&err, Error::BootstrapTimeout { rank: 0, missing, .. } if missing == &[1]), "{err}");
+    assert!(waited < timeout + MARGIN, "rank 0 returned after {waited:?}");
+    // It was a flood: far more connections than rank 0 could ever keep.
+    assert!(connections.load(Ordering::Relaxed) > 200, "{} connections", connections.load(Ordering::Relaxed));
 }
 
 #[test]

@@ -19,6 +19,6 @@ mod bootstrap;
 #[cfg(feature = "nccl")]
 mod nccl;
 
-pub use bootstrap::{ADDR_ENV, MAGIC, addr_from_env, broadcast_bytes, fetch_bytes, serve_bytes};
+pub use bootstrap::{ADDR_ENV, MAGIC, MAX_PENDING, addr_from_env, broadcast_bytes, fetch_bytes, serve_bytes};
 #[cfg(feature = "nccl")]
 pub use nccl::{Communicator, UniqueId, bootstrap_tcp, nccl_available, nccl_version};
