@@ -1,5 +1,5 @@
 //! NCCL communicators on opsmith tensors, through cudarc's NCCL bindings.
-use super::bootstrap::{broadcast_bytes, check_rank};
+use super::bootstrap::{TOKEN_ENV, Token, broadcast_bytes, check_rank};
 use crate::cuda::CudaDevice;
 use crate::tensor::storage::with_cuda_ptrs;
 use crate::{DType, Device, Error, Result, Tensor};
@@ -154,6 +154,10 @@ impl UniqueId {
 ///
 /// Across hosts, start one process per GPU with its rank, the world size and the same address
 /// (the examples read it from [`ADDR_ENV`](super::ADDR_ENV), `OPSMITH_DIST_ADDR=host:port`).
+/// When [`TOKEN_ENV`] (`OPSMITH_DIST_TOKEN`) is set, every rank must have the same secret there,
+/// and only ranks that prove they hold it are sent the id (see [`Token`]); unset, the exchange
+/// is unauthenticated (see the [module docs](super) for the trust model). A token that is set
+/// but empty is an [`Error::InvalidArgument`].
 ///
 /// ```no_run
 /// # fn main() -> opsmith_host::Result<()> {
@@ -166,7 +170,9 @@ impl UniqueId {
 /// # Ok(()) }
 /// ```
 pub fn bootstrap_tcp(rank: usize, world_size: usize, addr: SocketAddr, timeout: Duration) -> Result<UniqueId> {
-    let bytes = broadcast_bytes(rank, world_size, addr, timeout, || Ok(UniqueId::new()?.to_bytes().to_vec()))?;
+    let token = Token::from_env(TOKEN_ENV)?;
+    let bytes =
+        broadcast_bytes(rank, world_size, addr, timeout, token.as_ref(), || Ok(UniqueId::new()?.to_bytes().to_vec()))?;
     let bytes: [u8; 128] = bytes.try_into().map_err(|b: Vec<u8>| Error::Bootstrap {
         rank,
         addr,
