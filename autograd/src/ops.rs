@@ -322,8 +322,10 @@ pub fn fused_mul_add(a: &Var, b: &Var, c: &Var) -> Result<Var> {
 /// `z = (x + y) * w` in one kernel.
 ///
 /// Backward: when `w` and `x` or `y` need gradients, one fused kernel writes `g * w` once (the
-/// gradient of both `x` and `y`, shared, not copied) and `g * (x + y)`; otherwise only the
-/// gradient needed is computed, and only the tensors it needs are saved.
+/// gradient of both `x` and `y`) and `g * (x + y)`; otherwise only the gradient needed is
+/// computed, and only the tensors it needs are saved. When both `x` and `y` need gradients,
+/// [`Tape::backward`](crate::Tape::backward) gives one of them a copy of `g * w` (a memory
+/// copy, no kernel), as no two variables' gradients share memory.
 ///
 /// ```
 /// # fn main() -> opsmith_autograd::Result<()> {
@@ -338,7 +340,8 @@ pub fn fused_mul_add(a: &Var, b: &Var, c: &Var) -> Result<Var> {
 /// let grads = tape.backward(&ops::sum(&z)?)?;
 /// let (gx, gy) = (grads.get(&x).unwrap(), grads.get(&y).unwrap());
 /// assert_eq!(gx.to_vec::<f32>()?, [0.5, 2.0]); // w
-/// assert!(gx.shares_storage(gy)); // one tensor for both
+/// assert_eq!(gy.to_vec::<f32>()?, [0.5, 2.0]); // w too
+/// assert!(!gx.shares_storage(gy)); // each its own tensor
 /// assert_eq!(grads.get(&w).unwrap().to_vec::<f32>()?, [4.0, 6.0]); // x + y
 /// # Ok(()) }
 /// ```

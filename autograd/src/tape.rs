@@ -223,6 +223,11 @@ impl Grad {
         }
     }
 
+    /// Whether this is a tensor sharing `t`'s memory.
+    fn is_tensor_of(&self, t: &Tensor) -> bool {
+        matches!(self, Grad::Tensor(own) if own.shares_storage(t))
+    }
+
     fn into_tensor(self) -> Result<Tensor> {
         match self {
             Grad::Tensor(t) => Ok(t),
@@ -240,6 +245,26 @@ impl Grad {
             (Grad::Tensor(a), Grad::Tensor(b)) => ops::add(&a, &b)?,
         }))
     }
+}
+
+/// Who else may hold the memory of a gradient tensor while backward runs. Backward hands each
+/// variable its own tensor by copying only the final gradients that need it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Sharers {
+    /// No one: a fresh kernel output, or the only heir of a gradient that has been used up.
+    None,
+    /// Perhaps other gradients of this backward: an op handed one tensor to several inputs (as
+    /// `add` does), or passed on one that was.
+    Gradients,
+    /// Perhaps memory that is not a gradient: the caller's seed of `backward_with`, or a tensor a
+    /// node saved. A final gradient in this class is always copied.
+    Outside,
+}
+
+/// A gradient while backward runs, with who else may hold its tensor.
+struct Pending {
+    grad: Grad,
+    sharers: Sharers,
 }
 
 /// An input of a node that requires gradients.
@@ -406,7 +431,7 @@ impl Tape {
         if loss.value.elem_count() != 1 {
             return Err(Error::NonScalarLoss { shape: loss.value.dims().to_vec() });
         }
-        self.backward_from(loss, Grad::uniform(1.0, &Like::of(&loss.value)))
+        self.backward_from(loss, Pending { grad: Grad::uniform(1.0, &Like::of(&loss.value)), sharers: Sharers::None })
     }
 
     /// Backward from `output` with its gradient `grad` (same shape, dtype and device): runs the
@@ -428,7 +453,13 @@ impl Tape {
     /// since fixed). While a backward runs its nodes are off the tape, so a backward through
     /// them on another thread meanwhile returns [`Error::GraphConsumed`].
     ///
-    /// **The gradients.** A variable used several times gets the sum of its gradients.
+    /// **The gradients.** A variable used several times gets the sum of its gradients. Each
+    /// variable's gradient is a tensor of its own, sharing memory with no other variable's and
+    /// not with `grad`, so it can be written in place (by an optimizer or an all-reduce) without
+    /// changing another. Ops that hand one tensor to several inputs (`add`, `add_mul`'s `x` and
+    /// `y`) or pass their gradient on as is (`sub`, `add_row`, `fused_mul_add`'s `c`) do so
+    /// without copying; at the end, a tensor that is still two variables' gradients (or is
+    /// `grad`) is copied once for all but one of them, and nothing else is.
     ///
     /// ```
     /// # fn main() -> opsmith_autograd::Result<()> {
@@ -454,10 +485,11 @@ impl Tape {
             }
             .into());
         }
-        self.backward_from(output, Grad::Tensor(grad))
+        // The caller keeps `grad`: no variable may be handed it as its gradient.
+        self.backward_from(output, Pending { grad: Grad::Tensor(grad), sharers: Sharers::Outside })
     }
 
-    fn backward_from(&self, output: &Var, seed: Grad) -> Result<Gradients> {
+    fn backward_from(&self, output: &Var, seed: Pending) -> Result<Gradients> {
         match &output.tape {
             None => return Err(Error::RequiresGrad { what: "backward" }),
             Some(t) if !t.same(self) => return Err(Error::TapeMismatch { op: "backward".into() }),
@@ -523,11 +555,11 @@ impl Tape {
 
 /// Runs `graph` (in recording order) backwards from `output`'s gradient `seed`, without
 /// consuming it.
-fn run_backward(graph: &[Node], output: VarId, seed: Grad) -> Result<Gradients> {
-    let mut grads: HashMap<VarId, Grad> = HashMap::from([(output, seed)]);
+fn run_backward(graph: &[Node], output: VarId, seed: Pending) -> Result<Gradients> {
+    let mut grads: HashMap<VarId, Pending> = HashMap::from([(output, seed)]);
     for node in graph.iter().rev() {
         // Intermediate gradients are dropped once used; only leaves keep theirs.
-        let Some(g) = grads.remove(&node.output) else { continue };
+        let Some(Pending { grad, sharers }) = grads.remove(&node.output) else { continue };
         for (tensor, version) in &node.saved {
             if tensor.version() != *version {
                 return Err(Error::SavedTensorModified {
@@ -537,9 +569,15 @@ fn run_backward(graph: &[Node], output: VarId, seed: Grad) -> Result<Gradients> 
                 });
             }
         }
-        let input_grads = match (g, &node.uniform_backward) {
-            (Grad::Uniform(u), Some(uniform_backward)) => uniform_backward(u.value)?,
-            (g, _) => (node.backward)(&g.into_tensor()?)?.into_iter().map(|g| g.map(Grad::Tensor)).collect(),
+        let (mut input_grads, upstream) = match (grad, &node.uniform_backward) {
+            (Grad::Uniform(u), Some(uniform_backward)) => (uniform_backward(u.value)?, None),
+            (g, _) => {
+                // A uniform gradient filled in here is a fresh tensor.
+                let sharers = if matches!(g, Grad::Tensor(_)) { sharers } else { Sharers::None };
+                let g = g.into_tensor()?;
+                let input_grads = (node.backward)(&g)?.into_iter().map(|g| g.map(Grad::Tensor)).collect();
+                (input_grads, Some((g, sharers)))
+            }
         };
         if input_grads.len() != node.inputs.len() {
             return Err(Error::Arity {
@@ -549,22 +587,74 @@ fn run_backward(graph: &[Node], output: VarId, seed: Grad) -> Result<Gradients> 
                 actual: input_grads.len(),
             });
         }
-        for (input, gi) in node.inputs.iter().zip(input_grads) {
-            if let (Some(input), Some(gi)) = (input, gi) {
+        // The incoming gradient is kept only while a gradient handed on is that tensor (whose
+        // memory then lives on anyway); otherwise it is freed before any sum is allocated.
+        let upstream = upstream.filter(|(g, _)| input_grads.iter().flatten().any(|gi| gi.is_tensor_of(g)));
+        for k in 0..input_grads.len() {
+            let sharers = sharers_of(node, &input_grads, k, upstream.as_ref());
+            // A gradient no other input got is moved out; one that others got stays for their
+            // checks (a handle is cloned: its memory lives on in them anyway).
+            let gi = match sharers {
+                Sharers::None => input_grads[k].take(),
+                _ => input_grads[k].as_ref().map(Grad::share),
+            };
+            if let (Some(input), Some(gi)) = (node.inputs[k], gi) {
                 match grads.entry(input.id) {
                     Entry::Vacant(e) => {
-                        e.insert(gi);
+                        e.insert(Pending { grad: gi, sharers });
                     }
                     Entry::Occupied(e) => {
                         let (id, earlier) = e.remove_entry();
-                        grads.insert(id, earlier.accumulate(gi)?);
+                        // A sum is a fresh tensor (or a uniform value).
+                        grads.insert(id, Pending { grad: earlier.grad.accumulate(gi)?, sharers: Sharers::None });
                     }
                 }
             }
         }
     }
-    let map = grads.into_iter().map(|(id, g)| Ok((id, g.into_tensor()?))).collect::<Result<_>>()?;
+    // Each variable gets a tensor of its own: copy a final gradient only if it may still be held
+    // by another final gradient (one copy per extra holder) or by someone else.
+    let mut map = HashMap::with_capacity(grads.len());
+    let mut kept_shared: Vec<Tensor> = Vec::new();
+    for (id, Pending { grad, sharers }) in grads {
+        let t = grad.into_tensor()?;
+        let t = match sharers {
+            Sharers::None => t,
+            Sharers::Gradients if !kept_shared.iter().any(|k| k.shares_storage(&t)) => {
+                kept_shared.push(t.clone());
+                t
+            }
+            Sharers::Gradients | Sharers::Outside => t.copy()?,
+        };
+        map.insert(id, t);
+    }
     Ok(Gradients { map })
+}
+
+/// Who may hold the tensor of `input_grads[k]` besides that input: a gradient that is the
+/// node's incoming gradient inherits its sharers, one handed to another input too is shared
+/// between gradients, and one that is a saved tensor belongs to the node. Entries already moved
+/// out are ones that share with no other, so the check against the rest is exact.
+fn sharers_of(node: &Node, input_grads: &[Option<Grad>], k: usize, upstream: Option<&(Tensor, Sharers)>) -> Sharers {
+    let Some(Grad::Tensor(t)) = &input_grads[k] else { return Sharers::None };
+    let mut sharers = Sharers::None;
+    if let Some((g, g_sharers)) = upstream
+        && g.shares_storage(t)
+    {
+        sharers = *g_sharers;
+    }
+    let other_input = input_grads
+        .iter()
+        .zip(&node.inputs)
+        .enumerate()
+        .any(|(j, (gj, input))| j != k && input.is_some() && gj.as_ref().is_some_and(|gj| gj.is_tensor_of(t)));
+    if other_input {
+        sharers = sharers.max(Sharers::Gradients);
+    }
+    if node.saved.iter().any(|(s, _)| s.shares_storage(t)) {
+        sharers = Sharers::Outside;
+    }
+    sharers
 }
 
 /// Gradients by variable, as returned by [`Tape::backward`].
