@@ -33,8 +33,8 @@ macro_rules! record_or_constant {
 }
 
 /// `t * v` as a gradient, when `t` was saved (its partner needs a gradient).
-fn scaled(t: Option<Tensor>, v: f64) -> Result<Option<Grad>> {
-    Ok(t.map(|t| host::scale(&t, v)).transpose()?.map(Grad::Tensor))
+fn scaled(t: Option<&Tensor>, v: f64) -> Result<Option<Grad>> {
+    Ok(t.map(|t| host::scale(t, v)).transpose()?.map(Grad::Tensor))
 }
 
 /// The value saved for an input's partner when that input needs a gradient.
@@ -131,10 +131,13 @@ pub fn mul(a: &Var, b: &Var) -> Result<Var> {
             out,
             &keep.iter().collect::<Vec<_>>(),
             move |g| {
-                Ok(vec![saved_b.map(|b| host::mul(g, &b)).transpose()?, saved_a.map(|a| host::mul(g, &a)).transpose()?])
+                Ok(vec![
+                    saved_b.as_ref().map(|b| host::mul(g, b)).transpose()?,
+                    saved_a.as_ref().map(|a| host::mul(g, a)).transpose()?,
+                ])
             },
             // g * b for a uniform g is one scaling kernel, with no gradient tensor to fill.
-            move |v| Ok(vec![scaled(uniform_b, v)?, scaled(uniform_a, v)?]),
+            move |v| Ok(vec![scaled(uniform_b.as_ref(), v)?, scaled(uniform_a.as_ref(), v)?]),
         )
     })
 }
@@ -237,7 +240,7 @@ pub fn sum(x: &Var) -> Result<Var> {
             &[x],
             out,
             &[],
-            move |g| Ok(vec![Some(host::expand_scalar(g, shape, 1.0)?)]),
+            move |g| Ok(vec![Some(host::expand_scalar(g, shape.clone(), 1.0)?)]),
             move |v| Ok(vec![Some(Grad::uniform(v, &like))]),
         )
     })
@@ -268,7 +271,7 @@ pub fn mean(x: &Var) -> Result<Var> {
             &[x],
             out,
             &[],
-            move |g| Ok(vec![Some(host::expand_scalar(g, shape, 1.0 / n)?)]),
+            move |g| Ok(vec![Some(host::expand_scalar(g, shape.clone(), 1.0 / n)?)]),
             move |v| Ok(vec![Some(Grad::uniform(v / n, &like))]),
         )
     })
@@ -304,12 +307,14 @@ pub fn fused_mul_add(a: &Var, b: &Var, c: &Var) -> Result<Var> {
             &keep.iter().collect::<Vec<_>>(),
             move |g| {
                 Ok(vec![
-                    saved_b.map(|b| host::mul(g, &b)).transpose()?,
-                    saved_a.map(|a| host::mul(g, &a)).transpose()?,
+                    saved_b.as_ref().map(|b| host::mul(g, b)).transpose()?,
+                    saved_a.as_ref().map(|a| host::mul(g, a)).transpose()?,
                     Some(g.clone()),
                 ])
             },
-            move |v| Ok(vec![scaled(uniform_b, v)?, scaled(uniform_a, v)?, Some(Grad::uniform(v, &like))]),
+            move |v| {
+                Ok(vec![scaled(uniform_b.as_ref(), v)?, scaled(uniform_a.as_ref(), v)?, Some(Grad::uniform(v, &like))])
+            },
         )
     })
 }
@@ -317,8 +322,10 @@ pub fn fused_mul_add(a: &Var, b: &Var, c: &Var) -> Result<Var> {
 /// `z = (x + y) * w` in one kernel.
 ///
 /// Backward: when `w` and `x` or `y` need gradients, one fused kernel writes `g * w` once (the
-/// gradient of both `x` and `y`, shared, not copied) and `g * (x + y)`; otherwise only the
-/// gradient needed is computed, and only the tensors it needs are saved.
+/// gradient of both `x` and `y`) and `g * (x + y)`; otherwise only the gradient needed is
+/// computed, and only the tensors it needs are saved. When both `x` and `y` need gradients,
+/// [`Tape::backward`](crate::Tape::backward) gives one of them a copy of `g * w` (a memory
+/// copy, no kernel), as no two variables' gradients share memory.
 ///
 /// ```
 /// # fn main() -> opsmith_autograd::Result<()> {
@@ -333,7 +340,8 @@ pub fn fused_mul_add(a: &Var, b: &Var, c: &Var) -> Result<Var> {
 /// let grads = tape.backward(&ops::sum(&z)?)?;
 /// let (gx, gy) = (grads.get(&x).unwrap(), grads.get(&y).unwrap());
 /// assert_eq!(gx.to_vec::<f32>()?, [0.5, 2.0]); // w
-/// assert!(gx.shares_storage(gy)); // one tensor for both
+/// assert_eq!(gy.to_vec::<f32>()?, [0.5, 2.0]); // w too
+/// assert!(!gx.shares_storage(gy)); // each its own tensor
 /// assert_eq!(grads.get(&w).unwrap().to_vec::<f32>()?, [4.0, 6.0]); // x + y
 /// # Ok(()) }
 /// ```
@@ -354,14 +362,14 @@ pub fn add_mul(x: &Var, y: &Var, w: &Var) -> Result<Var> {
             out,
             &keep.iter().collect::<Vec<_>>(),
             move |g| {
-                let (gxy, gw) = match saved {
+                let (gxy, gw) = match &saved {
                     (Some(x), Some(y), Some(w)) => {
-                        let (gxy, gw) = host::add_mul_backward(g, &x, &y, &w)?;
+                        let (gxy, gw) = host::add_mul_backward(g, x, y, w)?;
                         (Some(gxy), Some(gw))
                     }
-                    (_, _, Some(w)) => (Some(host::mul(g, &w)?), None),
+                    (_, _, Some(w)) => (Some(host::mul(g, w)?), None),
                     // (x + y) * g is the forward's own fused kernel.
-                    (Some(x), Some(y), None) => (None, Some(host::add_mul(&x, &y, g)?)),
+                    (Some(x), Some(y), None) => (None, Some(host::add_mul(x, y, g)?)),
                     _ => (None, None),
                 };
                 Ok(vec![gxy.clone().filter(|_| x_need), gxy.filter(|_| y_need), gw])
@@ -369,13 +377,13 @@ pub fn add_mul(x: &Var, y: &Var, w: &Var) -> Result<Var> {
             // A uniform g (under a sum or mean) is a kernel parameter: no gradient tensor to fill
             // or read.
             move |v| {
-                let (gxy, gw) = match uniform_saved {
+                let (gxy, gw) = match &uniform_saved {
                     (Some(x), Some(y), Some(w)) => {
-                        let (gxy, gw) = host::add_mul_backward_uniform(v, &x, &y, &w)?;
+                        let (gxy, gw) = host::add_mul_backward_uniform(v, x, y, w)?;
                         (Some(gxy), Some(gw))
                     }
-                    (_, _, Some(w)) => (Some(host::scale(&w, v)?), None),
-                    (Some(x), Some(y), None) => (None, Some(host::add_mul(&x, &y, &like.fill(v)?)?)),
+                    (_, _, Some(w)) => (Some(host::scale(w, v)?), None),
+                    (Some(x), Some(y), None) => (None, Some(host::add_mul(x, y, &like.fill(v)?)?)),
                     _ => (None, None),
                 };
                 let gxy = gxy.map(Grad::Tensor);
@@ -433,8 +441,8 @@ pub fn matmul(a: &Var, b: &Var) -> Result<Var> {
         let keep = saved_refs(&[&saved_a, &saved_b]);
         tape.record("matmul", &[a, b], out, &keep.iter().collect::<Vec<_>>(), move |g| {
             Ok(vec![
-                saved_b.map(|b| host::matmul_t(g, false, &b, true)).transpose()?,
-                saved_a.map(|a| host::matmul_t(&a, true, g, false)).transpose()?,
+                saved_b.as_ref().map(|b| host::matmul_t(g, false, b, true)).transpose()?,
+                saved_a.as_ref().map(|a| host::matmul_t(a, true, g, false)).transpose()?,
             ])
         })
     })
@@ -527,8 +535,8 @@ pub fn softmax(x: &Var, scale: f64, mask: Option<&Var>) -> Result<Var> {
         let mask_shape = mask.filter(|m| m.requires_grad()).map(|m| m.value().shape().clone());
         tape.record("softmax", &inputs, out, &[&y.clone()], move |g| {
             let gx = x_needs.then(|| host::softmax_backward(g, &y, scale)).transpose()?;
-            let gmask = match mask_shape {
-                Some(shape) => Some(sum_to_trailing(&host::softmax_backward(g, &y, 1.0)?, shape)?),
+            let gmask = match &mask_shape {
+                Some(shape) => Some(sum_to_trailing(&host::softmax_backward(g, &y, 1.0)?, shape.clone())?),
                 None => None,
             };
             Ok(if has_mask { vec![gx, gmask] } else { vec![gx] })

@@ -4,8 +4,8 @@ use opsmith_host::{DType, Device, Shape, Tensor, ops};
 use parking_lot::Mutex;
 use std::borrow::Cow;
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -160,12 +160,13 @@ impl Var {
     }
 }
 
-/// What backward needs of one recorded op.
-type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send>;
+/// What backward needs of one recorded op. `Fn`, not `FnOnce`: a backward that fails leaves its
+/// nodes on the tape, and they must be able to run again.
+type BackwardFn = Box<dyn Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send>;
 
 /// A cheaper backward for when the output's gradient is one value everywhere: it gets that
 /// value and may hand on uniform gradients, which cost no device work.
-type UniformBackwardFn = Box<dyn FnOnce(f64) -> Result<Vec<Option<Grad>>> + Send>;
+type UniformBackwardFn = Box<dyn Fn(f64) -> Result<Vec<Option<Grad>>> + Send>;
 
 /// A gradient while backward runs: a tensor, or one value everywhere, known on the host.
 ///
@@ -222,6 +223,11 @@ impl Grad {
         }
     }
 
+    /// Whether this is a tensor sharing `t`'s memory.
+    fn is_tensor_of(&self, t: &Tensor) -> bool {
+        matches!(self, Grad::Tensor(own) if own.shares_storage(t))
+    }
+
     fn into_tensor(self) -> Result<Tensor> {
         match self {
             Grad::Tensor(t) => Ok(t),
@@ -241,11 +247,41 @@ impl Grad {
     }
 }
 
+/// Who else may hold the memory of a gradient tensor while backward runs. Backward hands each
+/// variable its own tensor by copying only the final gradients that need it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Sharers {
+    /// No one: a fresh kernel output, or the only heir of a gradient that has been used up.
+    None,
+    /// Perhaps other gradients of this backward: an op handed one tensor to several inputs (as
+    /// `add` does), or passed on one that was.
+    Gradients,
+    /// Perhaps memory that is not a gradient: the caller's seed of `backward_with`, or a tensor a
+    /// node saved. A final gradient in this class is always copied.
+    Outside,
+}
+
+/// A gradient while backward runs, with who else may hold its tensor.
+struct Pending {
+    grad: Grad,
+    sharers: Sharers,
+}
+
+/// An input of a node that requires gradients.
+#[derive(Clone, Copy)]
+struct Input {
+    id: VarId,
+    /// A leaf has no node; any other input's node must still be on the tape for backward.
+    leaf: bool,
+}
+
 struct Node {
+    /// The recording order, kept when a failed backward puts its nodes back.
+    seq: u64,
     /// Borrowed for the built-in ops: recording allocates no name.
     op: Cow<'static, str>,
-    /// One entry per input: the input's id if it requires gradients.
-    inputs: Vec<Option<VarId>>,
+    /// One entry per input: `None` for an input that does not require gradients.
+    inputs: Vec<Option<Input>>,
     output: VarId,
     /// Tensors the backward closure holds, with their storage version when saved.
     saved: Vec<(Tensor, u64)>,
@@ -273,7 +309,14 @@ struct Node {
 /// ```
 #[derive(Clone, Default)]
 pub struct Tape {
-    nodes: Arc<Mutex<Vec<Node>>>,
+    recorded: Arc<Mutex<Recorded>>,
+}
+
+/// The nodes not yet consumed, in recording order (every node after the nodes of its inputs).
+#[derive(Default)]
+struct Recorded {
+    nodes: Vec<Node>,
+    next_seq: u64,
 }
 
 impl Tape {
@@ -320,7 +363,7 @@ impl Tape {
     /// # Ok(()) }
     /// ```
     pub fn len(&self) -> usize {
-        self.nodes.lock().len()
+        self.recorded.lock().nodes.len()
     }
 
     /// Whether no nodes are recorded.
@@ -339,11 +382,38 @@ impl Tape {
         self.len() == 0
     }
 
-    fn same(&self, other: &Tape) -> bool {
-        Arc::ptr_eq(&self.nodes, &other.nodes)
+    /// Drops every recorded node, consumed by no backward: the graphs of outputs whose backward
+    /// will not run (say, after a failed backward that is not to be retried, or ops recorded
+    /// outside `no_grad` for a metric). Their saved tensors are released, and a backward through
+    /// them returns [`Error::GraphConsumed`]. Variables, leaves included, stay valid.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Error, Tape, ops};
+    /// use opsmith_host::{Device, Tensor};
+    /// let tape = Tape::new();
+    /// let x = tape.var(Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?);
+    /// let metric = ops::sum(&ops::mul(&x, &x)?)?; // never differentiated
+    /// let loss = ops::sum(&ops::scale(&x, 2.0)?)?;
+    /// tape.backward(&loss)?;
+    /// assert_eq!(tape.len(), 2); // the metric's graph stays
+    /// tape.clear();
+    /// assert!(tape.is_empty());
+    /// assert!(matches!(tape.backward(&metric), Err(Error::GraphConsumed)));
+    /// # Ok(()) }
+    /// ```
+    pub fn clear(&self) {
+        // Taken under the lock, dropped (releasing saved tensors) outside it.
+        let nodes = std::mem::take(&mut self.recorded.lock().nodes);
+        drop(nodes);
     }
 
-    /// Backward from a one-element `loss` (seeded with 1). See [`Tape::backward_with`].
+    fn same(&self, other: &Tape) -> bool {
+        Arc::ptr_eq(&self.recorded, &other.recorded)
+    }
+
+    /// Backward from a one-element `loss`, seeded with 1: the gradients of the leaf variables the
+    /// loss depends on. See [`Tape::backward_with`] for what it consumes and returns.
     ///
     /// ```
     /// # fn main() -> opsmith_autograd::Result<()> {
@@ -361,15 +431,35 @@ impl Tape {
         if loss.value.elem_count() != 1 {
             return Err(Error::NonScalarLoss { shape: loss.value.dims().to_vec() });
         }
-        self.backward_from(loss, Grad::uniform(1.0, &Like::of(&loss.value)))
+        self.backward_from(loss, Pending { grad: Grad::uniform(1.0, &Like::of(&loss.value)), sharers: Sharers::None })
     }
 
     /// Backward from `output` with its gradient `grad` (same shape, dtype and device): runs the
-    /// recorded nodes in reverse and returns the gradients of the leaf variables.
+    /// nodes `output` depends on in reverse and returns the gradients of the leaf variables.
     ///
-    /// The recorded graph is consumed, as in PyTorch without `retain_graph`: saved tensors are
-    /// released, and a second backward through the same nodes returns [`Error::GraphConsumed`].
-    /// A variable used several times gets the sum of its gradients.
+    /// **What is consumed.** Only `output`'s graph, the nodes found by walking back from it, as
+    /// in PyTorch without `retain_graph`: their saved tensors are released, and a later backward
+    /// through any of them returns [`Error::GraphConsumed`] (so does another output's backward
+    /// that needs one of them: run its forward again). The nodes of other outputs recorded on
+    /// the same tape stay, and their backward works afterwards, whether they share leaves with
+    /// `output` or not. Nodes that no backward consumes stay until the tape is dropped or
+    /// [cleared](Tape::clear): on a tape that lives across training steps, record what is not
+    /// differentiated under [`no_grad`].
+    ///
+    /// **On failure nothing is consumed.** If backward fails (an op's backward returns an error,
+    /// a saved tensor was written in place, a device error), every node is on the tape again as
+    /// before: other outputs' backward works, and this one's can be run again; it reports the
+    /// same error unless the cause is gone (say, a custom op's backward that failed for a reason
+    /// since fixed). While a backward runs its nodes are off the tape, so a backward through
+    /// them on another thread meanwhile returns [`Error::GraphConsumed`].
+    ///
+    /// **The gradients.** A variable used several times gets the sum of its gradients. Each
+    /// variable's gradient is a tensor of its own, sharing memory with no other variable's and
+    /// not with `grad`, so it can be written in place (by an optimizer or an all-reduce) without
+    /// changing another. Ops that hand one tensor to several inputs (`add`, `add_mul`'s `x` and
+    /// `y`) or pass their gradient on as is (`sub`, `add_row`, `fused_mul_add`'s `c`) do so
+    /// without copying; at the end, a tensor that is still two variables' gradients (or is
+    /// `grad`) is copied once for all but one of them, and nothing else is.
     ///
     /// ```
     /// # fn main() -> opsmith_autograd::Result<()> {
@@ -378,10 +468,12 @@ impl Tape {
     /// let tape = Tape::new();
     /// let x = tape.var(Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?);
     /// let y = ops::add(&ops::mul(&x, &x)?, &x)?; // x² + x: x is used three times
+    /// let other = ops::sum(&ops::scale(&x, 3.0)?)?; // another output, on the same tape
     /// let upstream = Tensor::from_vec(vec![1.0f32, 10.0], [2], Device::Cpu)?;
     /// let grads = tape.backward_with(&y, upstream.clone())?;
     /// assert_eq!(grads.get(&x).unwrap().to_vec::<f32>()?, [3.0, 50.0]); // g * (2x + 1)
     /// assert!(matches!(tape.backward_with(&y, upstream), Err(Error::GraphConsumed)));
+    /// assert_eq!(tape.backward(&other)?.get(&x).unwrap().to_vec::<f32>()?, [3.0, 3.0]); // untouched
     /// # Ok(()) }
     /// ```
     pub fn backward_with(&self, output: &Var, grad: Tensor) -> Result<Gradients> {
@@ -393,61 +485,176 @@ impl Tape {
             }
             .into());
         }
-        self.backward_from(output, Grad::Tensor(grad))
+        // The caller keeps `grad`: no variable may be handed it as its gradient.
+        self.backward_from(output, Pending { grad: Grad::Tensor(grad), sharers: Sharers::Outside })
     }
 
-    fn backward_from(&self, output: &Var, grad: Grad) -> Result<Gradients> {
+    fn backward_from(&self, output: &Var, seed: Pending) -> Result<Gradients> {
         match &output.tape {
             None => return Err(Error::RequiresGrad { what: "backward" }),
             Some(t) if !t.same(self) => return Err(Error::TapeMismatch { op: "backward".into() }),
             Some(_) => {}
         }
-        let nodes = std::mem::take(&mut *self.nodes.lock());
-        if !output.leaf && !nodes.iter().any(|n| n.output == output.id) {
+        let graph = self.take_graph(output)?;
+        match run_backward(&graph, output.id, seed) {
+            // Dropping the nodes consumes them and releases what they saved.
+            Ok(grads) => Ok(grads),
+            Err(e) => {
+                self.put_back(graph);
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes the nodes `output` depends on off the tape, in recording order; the others stay.
+    /// [`Error::GraphConsumed`] (taking nothing) if one of them was consumed already.
+    fn take_graph(&self, output: &Var) -> Result<Vec<Node>> {
+        let mut recorded = self.recorded.lock();
+        let nodes = &mut recorded.nodes;
+        // Non-leaf variables of the graph whose node the walk back has not reached yet: as every
+        // node comes after its inputs' nodes, one walk from the end finds them all.
+        let mut wanted = HashSet::new();
+        if !output.leaf {
+            wanted.insert(output.id);
+        }
+        let mut in_graph = vec![false; nodes.len()];
+        for (k, node) in nodes.iter().enumerate().rev() {
+            if wanted.is_empty() {
+                break;
+            }
+            if wanted.remove(&node.output) {
+                in_graph[k] = true;
+                wanted.extend(node.inputs.iter().flatten().filter(|i| !i.leaf).map(|i| i.id));
+            }
+        }
+        if !wanted.is_empty() {
             return Err(Error::GraphConsumed);
         }
-        let mut grads: HashMap<VarId, Grad> = HashMap::from([(output.id, grad)]);
-        for node in nodes.into_iter().rev() {
-            // Intermediate gradients are dropped once used; only leaves keep theirs.
-            let Some(g) = grads.remove(&node.output) else { continue };
-            for (tensor, version) in &node.saved {
-                if tensor.version() != *version {
-                    return Err(Error::SavedTensorModified {
-                        op: node.op.into_owned(),
-                        saved: *version,
-                        now: tensor.version(),
-                    });
-                }
-            }
-            let input_grads = match (g, node.uniform_backward) {
-                (Grad::Uniform(u), Some(uniform_backward)) => uniform_backward(u.value)?,
-                (g, _) => (node.backward)(&g.into_tensor()?)?.into_iter().map(|g| g.map(Grad::Tensor)).collect(),
-            };
-            if input_grads.len() != node.inputs.len() {
-                return Err(Error::Arity {
-                    op: node.op.into_owned(),
-                    what: "gradients",
-                    expected: node.inputs.len(),
-                    actual: input_grads.len(),
+        // The usual case, one output per tape: the whole tape, without moving a node.
+        if in_graph.iter().all(|&t| t) {
+            return Ok(std::mem::take(nodes));
+        }
+        let mut k = 0;
+        Ok(nodes
+            .extract_if(.., |_| {
+                k += 1;
+                in_graph[k - 1]
+            })
+            .collect())
+    }
+
+    /// Puts the nodes of a failed backward back on the tape, in recording order among the
+    /// nodes that stayed and any recorded meanwhile.
+    fn put_back(&self, graph: Vec<Node>) {
+        let mut recorded = self.recorded.lock();
+        recorded.nodes.extend(graph);
+        // Two sorted runs: the stable sort merges them in one pass.
+        recorded.nodes.sort_by_key(|n| n.seq);
+    }
+}
+
+/// Runs `graph` (in recording order) backwards from `output`'s gradient `seed`, without
+/// consuming it.
+fn run_backward(graph: &[Node], output: VarId, seed: Pending) -> Result<Gradients> {
+    let mut grads: HashMap<VarId, Pending> = HashMap::from([(output, seed)]);
+    for node in graph.iter().rev() {
+        // Intermediate gradients are dropped once used; only leaves keep theirs.
+        let Some(Pending { grad, sharers }) = grads.remove(&node.output) else { continue };
+        for (tensor, version) in &node.saved {
+            if tensor.version() != *version {
+                return Err(Error::SavedTensorModified {
+                    op: node.op.to_string(),
+                    saved: *version,
+                    now: tensor.version(),
                 });
             }
-            for (id, gi) in node.inputs.iter().zip(input_grads) {
-                if let (Some(id), Some(gi)) = (id, gi) {
-                    match grads.entry(*id) {
-                        Entry::Vacant(e) => {
-                            e.insert(gi);
-                        }
-                        Entry::Occupied(e) => {
-                            let (id, earlier) = e.remove_entry();
-                            grads.insert(id, earlier.accumulate(gi)?);
-                        }
+        }
+        let (mut input_grads, upstream) = match (grad, &node.uniform_backward) {
+            (Grad::Uniform(u), Some(uniform_backward)) => (uniform_backward(u.value)?, None),
+            (g, _) => {
+                // A uniform gradient filled in here is a fresh tensor.
+                let sharers = if matches!(g, Grad::Tensor(_)) { sharers } else { Sharers::None };
+                let g = g.into_tensor()?;
+                let input_grads = (node.backward)(&g)?.into_iter().map(|g| g.map(Grad::Tensor)).collect();
+                (input_grads, Some((g, sharers)))
+            }
+        };
+        if input_grads.len() != node.inputs.len() {
+            return Err(Error::Arity {
+                op: node.op.to_string(),
+                what: "gradients",
+                expected: node.inputs.len(),
+                actual: input_grads.len(),
+            });
+        }
+        // The incoming gradient is kept only while a gradient handed on is that tensor (whose
+        // memory then lives on anyway); otherwise it is freed before any sum is allocated.
+        let upstream = upstream.filter(|(g, _)| input_grads.iter().flatten().any(|gi| gi.is_tensor_of(g)));
+        for k in 0..input_grads.len() {
+            let sharers = sharers_of(node, &input_grads, k, upstream.as_ref());
+            // A gradient no other input got is moved out; one that others got stays for their
+            // checks (a handle is cloned: its memory lives on in them anyway).
+            let gi = match sharers {
+                Sharers::None => input_grads[k].take(),
+                _ => input_grads[k].as_ref().map(Grad::share),
+            };
+            if let (Some(input), Some(gi)) = (node.inputs[k], gi) {
+                match grads.entry(input.id) {
+                    Entry::Vacant(e) => {
+                        e.insert(Pending { grad: gi, sharers });
+                    }
+                    Entry::Occupied(e) => {
+                        let (id, earlier) = e.remove_entry();
+                        // A sum is a fresh tensor (or a uniform value).
+                        grads.insert(id, Pending { grad: earlier.grad.accumulate(gi)?, sharers: Sharers::None });
                     }
                 }
             }
         }
-        let map = grads.into_iter().map(|(id, g)| Ok((id, g.into_tensor()?))).collect::<Result<_>>()?;
-        Ok(Gradients { map })
     }
+    // Each variable gets a tensor of its own: copy a final gradient only if it may still be held
+    // by another final gradient (one copy per extra holder) or by someone else.
+    let mut map = HashMap::with_capacity(grads.len());
+    let mut kept_shared: Vec<Tensor> = Vec::new();
+    for (id, Pending { grad, sharers }) in grads {
+        let t = grad.into_tensor()?;
+        let t = match sharers {
+            Sharers::None => t,
+            Sharers::Gradients if !kept_shared.iter().any(|k| k.shares_storage(&t)) => {
+                kept_shared.push(t.clone());
+                t
+            }
+            Sharers::Gradients | Sharers::Outside => t.copy()?,
+        };
+        map.insert(id, t);
+    }
+    Ok(Gradients { map })
+}
+
+/// Who may hold the tensor of `input_grads[k]` besides that input: a gradient that is the
+/// node's incoming gradient inherits its sharers, one handed to another input too is shared
+/// between gradients, and one that is a saved tensor belongs to the node. Entries already moved
+/// out are ones that share with no other, so the check against the rest is exact.
+fn sharers_of(node: &Node, input_grads: &[Option<Grad>], k: usize, upstream: Option<&(Tensor, Sharers)>) -> Sharers {
+    let Some(Grad::Tensor(t)) = &input_grads[k] else { return Sharers::None };
+    let mut sharers = Sharers::None;
+    if let Some((g, g_sharers)) = upstream
+        && g.shares_storage(t)
+    {
+        sharers = *g_sharers;
+    }
+    let other_input = input_grads
+        .iter()
+        .zip(&node.inputs)
+        .enumerate()
+        .any(|(j, (gj, input))| j != k && input.is_some() && gj.as_ref().is_some_and(|gj| gj.is_tensor_of(t)));
+    if other_input {
+        sharers = sharers.max(Sharers::Gradients);
+    }
+    if node.saved.iter().any(|(s, _)| s.shares_storage(t)) {
+        sharers = Sharers::Outside;
+    }
+    sharers
 }
 
 /// Gradients by variable, as returned by [`Tape::backward`].
@@ -626,7 +833,7 @@ impl Tape {
         inputs: &[&Var],
         output: Tensor,
         saved: &[&Tensor],
-        backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+        backward: impl Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Var {
         self.push_node(op.into(), inputs, output, saved, Box::new(backward), None)
     }
@@ -640,8 +847,8 @@ impl Tape {
         inputs: &[&Var],
         output: Tensor,
         saved: &[&Tensor],
-        backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
-        uniform_backward: impl FnOnce(f64) -> Result<Vec<Option<Grad>>> + Send + 'static,
+        backward: impl Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+        uniform_backward: impl Fn(f64) -> Result<Vec<Option<Grad>>> + Send + 'static,
     ) -> Var {
         self.push_node(op.into(), inputs, output, saved, Box::new(backward), Some(Box::new(uniform_backward)))
     }
@@ -656,15 +863,19 @@ impl Tape {
         uniform_backward: Option<UniformBackwardFn>,
     ) -> Var {
         let out = Var { value: output, id: VarId::fresh(), tape: Some(self.clone()), leaf: false };
-        let node = Node {
+        let mut node = Node {
+            seq: 0,
             op,
-            inputs: inputs.iter().map(|v| v.requires_grad().then_some(v.id)).collect(),
+            inputs: inputs.iter().map(|v| v.requires_grad().then_some(Input { id: v.id, leaf: v.leaf })).collect(),
             output: out.id,
             saved: saved.iter().map(|t| ((*t).clone(), t.version())).collect(),
             backward,
             uniform_backward,
         };
-        self.nodes.lock().push(node);
+        let mut recorded = self.recorded.lock();
+        node.seq = recorded.next_seq;
+        recorded.next_seq += 1;
+        recorded.nodes.push(node);
         out
     }
 }

@@ -76,3 +76,77 @@ fn gradient_of_the_wrong_shape_for_backward_with() {
     let err = tape.backward_with(&y, t(&[1.0, 1.0])).unwrap_err();
     assert!(matches!(err, Error::Host(opsmith_host::Error::ShapeMismatch { op: "backward", .. })), "{err}");
 }
+
+/// The identity, whose backward fails while `fail` is set.
+struct Flaky {
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl CustomOp for Flaky {
+    fn name(&self) -> &str {
+        "flaky"
+    }
+    fn num_inputs(&self) -> usize {
+        1
+    }
+    fn cpu_forward(&self, i: &[&Tensor]) -> Result<Tensor> {
+        Ok(i[0].copy()?)
+    }
+    fn cpu_backward(&self, _: &[&Tensor], _: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(opsmith_host::Error::InvalidArgument { op: "flaky", reason: "told to fail".into() }.into());
+        }
+        Ok(vec![Some(g.clone())])
+    }
+}
+
+fn is_flaky_error(err: &Error) -> bool {
+    matches!(err, Error::Host(opsmith_host::Error::InvalidArgument { op: "flaky", .. }))
+}
+
+/// A backward that fails part-way (after `sum` and `scale` ran, at the custom op) keeps every
+/// node: the same backward fails the same way again, another loss's backward works, and once
+/// the cause is gone the first one works too, with the right gradient.
+#[test]
+fn failed_backward_keeps_the_graph() {
+    let flaky = Arc::new(Flaky { fail: true.into() });
+    let op: Arc<dyn CustomOp> = flaky.clone();
+    let tape = Tape::new();
+    let (x, y) = (tape.var(t(&X)), tape.var(t(&[2.0, -0.5, 1.5])));
+    let bad = ops::sum(&ops::scale(&custom(&op, &[&ops::mul(&x, &x).unwrap()]).unwrap(), 3.0).unwrap()).unwrap();
+    let good = ops::sum(&ops::mul(&y, &y).unwrap()).unwrap();
+    assert_eq!(tape.len(), 6);
+    for _ in 0..2 {
+        let err = tape.backward(&bad).unwrap_err();
+        assert!(is_flaky_error(&err), "{err}");
+        assert_eq!(tape.len(), 6, "nothing consumed");
+    }
+    let gy = tape.backward(&good).unwrap();
+    assert_eq!(gy.get(&y).unwrap().to_vec_f64().unwrap(), [4.0, -1.0, 3.0]); // 2y
+    assert_eq!(tape.len(), 4, "the failed loss's nodes stay");
+    flaky.fail.store(false, std::sync::atomic::Ordering::Relaxed);
+    let gx = tape.backward(&bad).unwrap();
+    assert_eq!(gx.get(&x).unwrap().to_vec_f64().unwrap(), X.map(|x| 6.0 * x)); // 3 · 2x
+    assert!(tape.is_empty());
+    assert!(matches!(tape.backward(&bad), Err(Error::GraphConsumed)));
+    assert_eq!(x.value().to_vec_f64().unwrap(), X);
+}
+
+/// A saved tensor written in place makes backward fail, every time, without consuming the graph:
+/// another loss on the tape still gets its gradients.
+#[test]
+fn saved_tensor_modified_keeps_the_graph() {
+    let tape = Tape::new();
+    let (x, w, y) = (tape.var(t(&X)), tape.var(t(&[1.0, 2.0, 3.0])), tape.var(t(&[0.5, 0.25, -1.0])));
+    let stale = ops::sum(&ops::mul(&x, &w).unwrap()).unwrap();
+    let other = ops::sum(&ops::scale(&y, 3.0).unwrap()).unwrap();
+    w.value().fill_(2.0).unwrap(); // after mul saved it
+    for _ in 0..2 {
+        let err = tape.backward(&stale).unwrap_err();
+        assert!(matches!(&err, Error::SavedTensorModified { op, .. } if op == "mul"), "{err}");
+        assert_eq!(tape.len(), 4);
+    }
+    let grads = tape.backward(&other).unwrap();
+    assert_eq!(grads.get(&y).unwrap().to_vec_f64().unwrap(), [3.0; 3]);
+    assert_eq!(tape.len(), 2, "the stale loss's nodes stay");
+}
