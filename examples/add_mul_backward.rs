@@ -7,7 +7,8 @@
 //! * bytes. `add_mul_backward` reads g, x, y and w once and writes `g * w` and `g * (x + y)`: 6
 //!   values per element. Unfused, `mul` (g, w → g·w), `add` (x, y → s) and `mul` (g, s → g·s)
 //!   move 3 each, 9 in all, because s goes out to memory and comes back. One gradient serves x
-//!   and y both: the tape hands the same tensor to each, so it is written once.
+//!   and y both: the kernel writes it once, and the tape copies it for the second variable,
+//!   since each variable's gradient is a tensor of its own.
 //! * passes. Through the tape, the fused forward and backward are one kernel each (10 values
 //!   per element); `add` then `mul` nodes are two kernels each way (12).
 //! * rounding. In f32 both orders round x + y, then the product, so the bits agree. In f16 and
@@ -114,7 +115,8 @@ fn main() -> autograd::Result<()> {
         let (grads, [xv, yv, wv]) = tape_step(fused, xt, yt, wt, gt)?;
         let gradient = |v: &Var| grads.get(v).expect("x, y and w require gradients");
         let (gx, gy, gw) = (gradient(&xv), gradient(&yv), gradient(&wv));
-        assert!(gx.shares_storage(gy), "x and y should share one gradient tensor");
+        assert!(!gx.shares_storage(gy), "x and y each get their own gradient tensor");
+        assert_eq!(gx.to_vec_f64()?, gy.to_vec_f64()?, "x and y have the same gradient");
         let what = if fused { "tape: add_mul" } else { "tape: add, then mul" };
         let errors = report(what, gx, gw)?;
         if fused {
