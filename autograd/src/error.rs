@@ -132,6 +132,18 @@ pub enum Error {
         /// What went wrong (I/O, format, a missing or misshapen tensor).
         reason: String,
     },
+    /// A model file parsed, but a tensor in it cannot make a working model: a missing or
+    /// unexpected tensor, a gap in the layer numbering, a shape, dtype or device that does not
+    /// fit, or a value that is not finite.
+    #[error("{path}: tensor `{tensor}`: {reason}")]
+    InvalidModel {
+        /// The file (`<memory>` for bytes).
+        path: String,
+        /// The tensor at fault, as named in the file.
+        tensor: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A model or optimizer was configured with values it cannot use.
     #[error("{what}: {reason}")]
     InvalidConfig {

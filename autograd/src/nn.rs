@@ -155,8 +155,8 @@ impl Linear {
         Linear::from_tensors(weight, bias, Some(tape))
     }
 
-    /// A layer from existing tensors (`weight` `[in, out]`, `bias` `[out]`, same dtype and
-    /// device), tracked on `tape`, or constants for inference when `tape` is `None`.
+    /// A layer from existing tensors (`weight` `[in, out]` with `in, out > 0`, `bias` `[out]`,
+    /// same dtype and device), tracked on `tape`, or constants for inference when `tape` is `None`.
     ///
     /// ```
     /// # fn main() -> opsmith_autograd::Result<()> {
@@ -170,12 +170,18 @@ impl Linear {
     /// # Ok(()) }
     /// ```
     pub fn from_tensors(weight: Tensor, bias: Tensor, tape: Option<&Tape>) -> Result<Linear> {
-        let [_, out] = *weight.dims() else {
+        let [inputs, out] = *weight.dims() else {
             return Err(Error::InvalidConfig {
                 what: "Linear",
                 reason: format!("the weight must be [in, out], got shape {:?}", weight.dims()),
             });
         };
+        if inputs == 0 || out == 0 {
+            return Err(Error::InvalidConfig {
+                what: "Linear",
+                reason: format!("features must be positive, got a weight of shape [{inputs}, {out}]"),
+            });
+        }
         if bias.dims() != [out] {
             return Err(
                 opsmith_host::Error::ShapeMismatch { op: "Linear", lhs: vec![out], rhs: bias.dims().to_vec() }.into()
@@ -312,7 +318,8 @@ impl Mlp {
         Ok(Mlp { layers, activation })
     }
 
-    /// An MLP from layers whose widths chain (`layers[i].out_features() == layers[i + 1].in_features()`).
+    /// An MLP from layers whose widths chain (`layers[i].out_features() == layers[i + 1].in_features()`)
+    /// and that share one dtype and one device (a forward pass could not mix them).
     ///
     /// ```
     /// # fn main() -> opsmith_autograd::Result<()> {
@@ -326,6 +333,18 @@ impl Mlp {
     pub fn from_layers(layers: Vec<Linear>, activation: Activation) -> Result<Mlp> {
         if layers.is_empty() {
             return Err(Error::InvalidConfig { what: "Mlp", reason: "needs at least one layer".into() });
+        }
+        let (dtype, device) = (layers[0].weight.value().dtype(), layers[0].weight.value().device());
+        for (i, layer) in layers.iter().enumerate() {
+            let (d, dev) = (layer.weight.value().dtype(), layer.weight.value().device());
+            if d != dtype || dev != device {
+                return Err(Error::InvalidConfig {
+                    what: "Mlp",
+                    reason: format!(
+                        "layer {i} is {d} on {dev} but layer 0 is {dtype} on {device}; all layers must agree"
+                    ),
+                });
+            }
         }
         for (i, pair) in layers.windows(2).enumerate() {
             if pair[0].out_features() != pair[1].in_features() {
@@ -507,11 +526,22 @@ impl Mlp {
             .map_err(|e| Error::ModelFile { path: path.display().to_string(), reason: e.to_string() })?;
         Mlp::from_safetensors(&bytes, device, tape).map_err(|e| match e {
             Error::ModelFile { reason, .. } => Error::ModelFile { path: path.display().to_string(), reason },
+            Error::InvalidModel { tensor, reason, .. } => {
+                Error::InvalidModel { path: path.display().to_string(), tensor, reason }
+            }
             other => other,
         })
     }
 
     /// Parses the bytes of a file written by [`Mlp::to_safetensors`].
+    ///
+    /// The file is checked whole before anything is loaded, strictly (as PyTorch's
+    /// `load_state_dict(strict=True)`): it must hold exactly `layers.0.weight`, `layers.0.bias`,
+    /// ... `layers.{n-1}.bias`, with no gap in the numbering and no other tensor; every tensor in
+    /// one dtype that `device` can run (CUDA has no f64 matmul); each weight `[in, out]` with
+    /// `in, out > 0` and its bias `[out]`; widths that chain from layer to layer; and only finite
+    /// values. Anything else is [`Error::InvalidModel`] naming the tensor, so a bad file fails
+    /// here rather than on every forward pass.
     ///
     /// ```
     /// # fn main() -> opsmith_autograd::Result<()> {
@@ -534,20 +564,127 @@ impl Mlp {
             .and_then(|a| Activation::from_name(a))
             .ok_or_else(|| bad(format!("unknown activation {:?}", metadata.get("activation"))))?;
         let file = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
-        let mut layers = Vec::new();
-        for i in 0.. {
-            let weight_name = format!("layers.{i}.weight");
-            let Ok(weight) = file.tensor(&weight_name) else { break };
-            let bias =
-                file.tensor(&format!("layers.{i}.bias")).map_err(|_| bad(format!("layers.{i}.bias is missing")))?;
-            let weight = load_tensor(&weight_name, &weight, device)?;
-            let bias = load_tensor(&format!("layers.{i}.bias"), &bias, device)?;
-            layers.push(Linear::from_tensors(weight, bias, tape)?);
+        let layers = check_layers(&file, device)?;
+        let mut linears = Vec::with_capacity(layers.len());
+        for [(weight_name, weight), (bias_name, bias)] in &layers {
+            let weight = load_tensor(weight_name, weight, device)?;
+            let bias = load_tensor(bias_name, bias, device)?;
+            linears.push(Linear::from_tensors(weight, bias, tape)?);
         }
-        if layers.is_empty() {
-            return Err(bad("no layers.0.weight".into()));
+        Mlp::from_layers(linears, activation)
+    }
+}
+
+/// An [`Error::InvalidModel`] for bytes in memory ([`Mlp::load_safetensors`] fills in the path).
+fn invalid_model(tensor: &str, reason: String) -> Error {
+    Error::InvalidModel { path: "<memory>".into(), tensor: tensor.into(), reason }
+}
+
+/// The layer index of `layers.{i}.weight` or `layers.{i}.bias`, with `i` in plain decimal
+/// (`layers.01.weight` is not layer 1); `None` for any other name.
+fn parse_layer_name(name: &str) -> Option<usize> {
+    let (index, part) = name.strip_prefix("layers.")?.split_once('.')?;
+    let i: usize = index.parse().ok()?;
+    (matches!(part, "weight" | "bias") && i.to_string() == index).then_some(i)
+}
+
+type NamedView<'a> = (String, safetensors::tensor::TensorView<'a>);
+
+/// Checks the file's header: names, numbering, dtypes, device support and shapes; returns each
+/// layer's weight and bias, in order. Nothing is read or allocated per element here.
+fn check_layers<'a>(file: &safetensors::SafeTensors<'a>, device: Device) -> Result<Vec<[NamedView<'a>; 2]>> {
+    let mut names = file.names();
+    names.sort_unstable();
+    let mut indices = std::collections::BTreeSet::new();
+    for name in &names {
+        let Some(i) = parse_layer_name(name) else {
+            return Err(invalid_model(
+                name,
+                "unexpected tensor: an MLP file holds only layers.{i}.weight and layers.{i}.bias".into(),
+            ));
+        };
+        indices.insert(i);
+    }
+    let Some(&last) = indices.last() else {
+        return Err(invalid_model("layers.0.weight", "missing: the file holds no tensors".into()));
+    };
+    // Each of 0..indices.len() present means the indices are exactly 0..n; any larger index
+    // leaves one of them missing, and that one is reported (bounded by the tensors in the file).
+    let mut layers = Vec::with_capacity(indices.len());
+    let mut first_dtype = None;
+    let mut previous_out = None;
+    for i in 0..indices.len() {
+        let view = |part: &str| {
+            let name = format!("layers.{i}.{part}");
+            match file.tensor(&name) {
+                Ok(view) => Ok((name, view)),
+                Err(_) if !indices.contains(&i) => {
+                    let reason =
+                        format!("missing, but layers.{last} exists: layers must be numbered 0, 1, 2, ... without gaps");
+                    Err(invalid_model(&name, reason))
+                }
+                Err(_) => Err(invalid_model(&name, format!("missing: layer {i} needs a weight and a bias"))),
+            }
+        };
+        let (weight, bias) = (view("weight")?, view("bias")?);
+        for (name, view) in [&weight, &bias] {
+            let dtype = host_dtype(view.dtype()).ok_or_else(|| {
+                invalid_model(name, format!("unsupported dtype {:?}; expected F64, F32, F16 or BF16", view.dtype()))
+            })?;
+            let (first_name, first) = first_dtype.get_or_insert_with(|| (name.clone(), dtype));
+            if dtype != *first {
+                return Err(invalid_model(
+                    name,
+                    format!("dtype {dtype} differs from {first_name}'s {first}; all tensors must share one dtype"),
+                ));
+            }
+            if dtype == DType::F64 && device.is_cuda() {
+                return Err(invalid_model(
+                    name,
+                    format!(
+                        "f64 weights cannot run on {device}: CUDA has no f64 matmul; convert the model to f32 or load it on the CPU"
+                    ),
+                ));
+            }
         }
-        Mlp::from_layers(layers, activation)
+        let &[inputs, outputs] = weight.1.shape() else {
+            return Err(invalid_model(&weight.0, format!("shape {:?} is not [in, out]", weight.1.shape())));
+        };
+        if inputs == 0 || outputs == 0 {
+            return Err(invalid_model(
+                &weight.0,
+                format!("shape [{inputs}, {outputs}]: a layer needs at least one input and one output"),
+            ));
+        }
+        if bias.1.shape() != [outputs] {
+            return Err(invalid_model(
+                &bias.0,
+                format!(
+                    "shape {:?} does not match {}'s [{inputs}, {outputs}]; expected [{outputs}]",
+                    bias.1.shape(),
+                    weight.0
+                ),
+            ));
+        }
+        if let Some(previous) = previous_out.filter(|&p| p != inputs) {
+            return Err(invalid_model(
+                &weight.0,
+                format!("takes {inputs} inputs but layer {} gives {previous} outputs", i - 1),
+            ));
+        }
+        previous_out = Some(outputs);
+        layers.push([weight, bias]);
+    }
+    Ok(layers)
+}
+
+fn host_dtype(dtype: safetensors::Dtype) -> Option<DType> {
+    match dtype {
+        safetensors::Dtype::F64 => Some(DType::F64),
+        safetensors::Dtype::F32 => Some(DType::F32),
+        safetensors::Dtype::F16 => Some(DType::F16),
+        safetensors::Dtype::BF16 => Some(DType::BF16),
+        _ => None,
     }
 }
 
@@ -570,32 +707,37 @@ fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
     })
 }
 
+/// The tensor's values onto `device`, refusing any that is not finite (a NaN weight would make
+/// every answer NaN).
 fn load_tensor(name: &str, view: &safetensors::tensor::TensorView<'_>, device: Device) -> Result<Tensor> {
+    fn finite<T: Copy + std::fmt::Debug>(name: &str, values: Vec<T>, is_finite: impl Fn(T) -> bool) -> Result<Vec<T>> {
+        match values.iter().position(|&v| !is_finite(v)) {
+            Some(i) => Err(invalid_model(name, format!("element {i} is {:?}; weights must be finite", values[i]))),
+            None => Ok(values),
+        }
+    }
     let bytes = view.data();
     let shape = view.shape().to_vec();
-    let wrong = |what: &str| Error::ModelFile { path: "<memory>".into(), reason: format!("{name}: {what}") };
     let t = match view.dtype() {
-        safetensors::Dtype::F64 => Tensor::from_vec(
-            bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
-            shape,
-            device,
-        ),
-        safetensors::Dtype::F32 => Tensor::from_vec(
-            bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
-            shape,
-            device,
-        ),
-        safetensors::Dtype::F16 => Tensor::from_vec(
-            bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
-            shape,
-            device,
-        ),
-        safetensors::Dtype::BF16 => Tensor::from_vec(
-            bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
-            shape,
-            device,
-        ),
-        other => return Err(wrong(&format!("unsupported dtype {other:?}"))),
+        safetensors::Dtype::F64 => {
+            let values = bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+            Tensor::from_vec(finite(name, values, f64::is_finite)?, shape, device)
+        }
+        safetensors::Dtype::F32 => {
+            let values = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+            Tensor::from_vec(finite(name, values, f32::is_finite)?, shape, device)
+        }
+        safetensors::Dtype::F16 => {
+            let values =
+                bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+            Tensor::from_vec(finite(name, values, half::f16::is_finite)?, shape, device)
+        }
+        safetensors::Dtype::BF16 => {
+            let values =
+                bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+            Tensor::from_vec(finite(name, values, half::bf16::is_finite)?, shape, device)
+        }
+        other => return Err(invalid_model(name, format!("unsupported dtype {other:?}"))),
     };
     Ok(t?)
 }

@@ -137,6 +137,204 @@ fn bad_model_files_are_errors() -> Result<()> {
     Ok(())
 }
 
+/// The bytes of `values` as safetensors stores them (little-endian).
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn f64_bytes(values: &[f64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// One tensor of a hand-built file: name, dtype, shape and little-endian bytes.
+type Entry = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// A file with the opsmith MLP metadata and exactly these tensors, so each test can break one thing.
+fn mlp_file(tensors: &[Entry]) -> Vec<u8> {
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            (name.clone(), safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap())
+        })
+        .collect();
+    let metadata = std::collections::HashMap::from([
+        ("format".to_string(), "opsmith-mlp-v1".to_string()),
+        ("activation".to_string(), "relu".to_string()),
+    ]);
+    safetensors::serialize(views, Some(metadata)).unwrap()
+}
+
+/// `layers.{i}` of shape `[inputs, outputs]` in f32, weights `0.5, 1.5, ...` and biases `0.25, ...`.
+fn f32_layer(i: usize, inputs: usize, outputs: usize) -> Vec<Entry> {
+    let w: Vec<f32> = (0..inputs * outputs).map(|k| k as f32 + 0.5).collect();
+    let b: Vec<f32> = (0..outputs).map(|k| k as f32 + 0.25).collect();
+    vec![
+        (format!("layers.{i}.weight"), safetensors::Dtype::F32, vec![inputs, outputs], f32_bytes(&w)),
+        (format!("layers.{i}.bias"), safetensors::Dtype::F32, vec![outputs], f32_bytes(&b)),
+    ]
+}
+
+fn file_of(layers: &[Vec<Entry>]) -> Vec<u8> {
+    mlp_file(&layers.concat())
+}
+
+/// Loads `bytes` on `device` and returns the tensor and reason of the `InvalidModel` error it must be.
+fn invalid(bytes: &[u8], device: Device) -> (String, String) {
+    match Mlp::from_safetensors(bytes, device, None) {
+        Err(Error::InvalidModel { tensor, reason, .. }) => (tensor, reason),
+        Err(other) => panic!("expected InvalidModel, got {other}"),
+        Ok(mlp) => panic!("expected InvalidModel, the file loaded with sizes {:?}", mlp.sizes()),
+    }
+}
+
+/// The hand-built files below differ from this one in a single tensor: it loads, and computes
+/// `relu(x·W0 + b0)·W1 + b1` as written out by hand.
+#[test]
+fn a_hand_built_model_file_loads_and_computes() -> Result<()> {
+    let mlp = Mlp::from_safetensors(&file_of(&[f32_layer(0, 2, 2), f32_layer(1, 2, 1)]), Device::Cpu, None)?;
+    assert_eq!(mlp.sizes(), [2, 2, 1]);
+    // x = [1, -1]: h = [0.5 - 2.5 + 0.25, 1.5 - 3.5 + 1.25] = [-1.75, -0.75] -> relu -> [0, 0]; y = 0.25.
+    // x = [2, 1]:  h = [1 + 2.5 + 0.25, 3 + 3.5 + 1.25] = [3.75, 7.75]; y = 3.75·0.5 + 7.75·1.5 + 0.25 = 13.75.
+    let x = Var::constant(Tensor::from_vec(vec![1.0f32, -1.0, 2.0, 1.0], [2, 2], Device::Cpu)?);
+    assert_eq!(mlp.forward(&x)?.value().to_vec::<f32>()?, [0.25, 13.75]);
+    Ok(())
+}
+
+#[test]
+fn layers_with_different_dtypes_are_an_error_naming_the_tensor() {
+    let mut second = f32_layer(1, 2, 1);
+    second[0] = ("layers.1.weight".into(), safetensors::Dtype::F64, vec![2, 1], f64_bytes(&[0.5, 1.5]));
+    let (tensor, reason) = invalid(&file_of(&[f32_layer(0, 2, 2), second]), Device::Cpu);
+    assert_eq!(tensor, "layers.1.weight");
+    assert!(reason.contains("f64") && reason.contains("f32"), "{reason}");
+    // A bias in another dtype than its own weight, too.
+    let mut first = f32_layer(0, 2, 2);
+    first[1] = ("layers.0.bias".into(), safetensors::Dtype::F64, vec![2], f64_bytes(&[0.0, 0.0]));
+    assert_eq!(invalid(&file_of(&[first]), Device::Cpu).0, "layers.0.bias");
+}
+
+#[test]
+fn a_layer_of_width_zero_is_an_error_naming_the_tensor() {
+    // Zero classes: today this served 200 with empty outputs.
+    let (tensor, reason) = invalid(&file_of(&[f32_layer(0, 2, 4), f32_layer(1, 4, 0)]), Device::Cpu);
+    assert_eq!(tensor, "layers.1.weight");
+    assert!(reason.contains("[4, 0]"), "{reason}");
+    // Zero inputs.
+    assert_eq!(invalid(&file_of(&[f32_layer(0, 0, 3)]), Device::Cpu).0, "layers.0.weight");
+    // A huge dimension times zero is zero bytes, so the file itself is consistent.
+    let huge = vec![
+        ("layers.0.weight".into(), safetensors::Dtype::F32, vec![(1usize << 63) - 1, 0], vec![]),
+        ("layers.0.bias".into(), safetensors::Dtype::F32, vec![0], vec![]),
+    ];
+    let (tensor, reason) = invalid(&mlp_file(&huge), Device::Cpu);
+    assert_eq!(tensor, "layers.0.weight");
+    assert!(reason.contains("9223372036854775807"), "{reason}");
+}
+
+#[test]
+fn non_finite_weights_are_an_error_naming_the_tensor_and_element() {
+    let mut layer = f32_layer(0, 2, 2);
+    layer[0].3 = f32_bytes(&[0.5, 1.5, f32::NAN, 3.5]);
+    let (tensor, reason) = invalid(&file_of(&[layer]), Device::Cpu);
+    assert_eq!(tensor, "layers.0.weight");
+    assert!(reason.contains("element 2") && reason.contains("NaN"), "{reason}");
+    let mut layer = f32_layer(0, 2, 2);
+    layer[1].3 = f32_bytes(&[0.25, f32::NEG_INFINITY]);
+    let (tensor, reason) = invalid(&file_of(&[layer]), Device::Cpu);
+    assert_eq!(tensor, "layers.0.bias");
+    assert!(reason.contains("element 1") && reason.contains("inf"), "{reason}");
+    // In f16 as well: 0x7c00 is +inf.
+    let inf_f16: Vec<u8> = [0x3c00u16, 0x7c00].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let f16: Vec<Entry> = vec![
+        ("layers.0.weight".into(), safetensors::Dtype::F16, vec![1, 2], inf_f16),
+        ("layers.0.bias".into(), safetensors::Dtype::F16, vec![2], vec![0; 4]),
+    ];
+    let (tensor, reason) = invalid(&mlp_file(&f16), Device::Cpu);
+    assert_eq!(tensor, "layers.0.weight");
+    assert!(reason.contains("element 1"), "{reason}");
+}
+
+#[test]
+fn a_gap_in_the_layer_numbers_is_an_error_naming_the_missing_tensor() {
+    // layers.0 and layers.2: today layers.2 was silently dropped.
+    let (tensor, reason) = invalid(&file_of(&[f32_layer(0, 2, 2), f32_layer(2, 2, 1)]), Device::Cpu);
+    assert_eq!(tensor, "layers.1.weight");
+    assert!(reason.contains("missing") && reason.contains("layers.2"), "{reason}");
+    // A weight without its bias.
+    let mut layer = f32_layer(0, 2, 2);
+    layer.pop();
+    assert_eq!(invalid(&file_of(&[layer]), Device::Cpu).0, "layers.0.bias");
+    // A tensor that belongs to no layer is not ignored either (strict, like load_state_dict).
+    let mut extra = f32_layer(0, 2, 2);
+    extra.push(("layers.0.scale".into(), safetensors::Dtype::F32, vec![2], f32_bytes(&[1.0, 1.0])));
+    let (tensor, reason) = invalid(&file_of(&[extra]), Device::Cpu);
+    assert_eq!(tensor, "layers.0.scale");
+    assert!(reason.contains("unexpected"), "{reason}");
+    // Nor is a numbering that only looks right.
+    let mut padded = f32_layer(0, 2, 2);
+    padded.extend(f32_layer(1, 2, 1).into_iter().map(|(n, d, s, b)| (n.replace("layers.1", "layers.01"), d, s, b)));
+    let (tensor, reason) = invalid(&file_of(&[padded]), Device::Cpu);
+    assert!(tensor.starts_with("layers.01."), "{tensor}: {reason}");
+}
+
+#[test]
+fn widths_that_do_not_chain_are_an_error_naming_the_tensor() {
+    let (tensor, reason) = invalid(&file_of(&[f32_layer(0, 2, 3), f32_layer(1, 2, 1)]), Device::Cpu);
+    assert_eq!(tensor, "layers.1.weight");
+    assert!(reason.contains("3"), "{reason}");
+    let mut layer = f32_layer(0, 2, 2);
+    layer[1] = ("layers.0.bias".into(), safetensors::Dtype::F32, vec![3], f32_bytes(&[0.0; 3]));
+    assert_eq!(invalid(&file_of(&[layer]), Device::Cpu).0, "layers.0.bias");
+}
+
+/// CUDA has no f64 matmul: an f64 model bound for a GPU is refused when it is loaded (before any
+/// device is touched, so this runs without one), not on every request.
+#[test]
+fn f64_weights_for_a_cuda_device_are_an_error_at_load_time() -> Result<()> {
+    let f64_model = Mlp::new(&Tape::new(), &[2, 3], Activation::Relu, DType::F64, Device::Cpu, 1)?.to_safetensors()?;
+    let (tensor, reason) = invalid(&f64_model, Device::Cuda(0));
+    assert_eq!(tensor, "layers.0.weight");
+    assert!(reason.contains("f64") && reason.contains("cuda:0"), "{reason}");
+    // The same file is fine on the CPU.
+    assert_eq!(Mlp::from_safetensors(&f64_model, Device::Cpu, None)?.sizes(), [2, 3]);
+    Ok(())
+}
+
+/// Through a file, the error also names the path.
+#[test]
+fn invalid_model_errors_from_a_file_name_the_path() -> Result<()> {
+    let path = std::env::temp_dir().join(format!("opsmith-invalid-model-{}.safetensors", std::process::id()));
+    std::fs::write(&path, file_of(&[f32_layer(0, 2, 2), f32_layer(2, 2, 1)])).unwrap();
+    let result = Mlp::load_safetensors(&path, Device::Cpu, None);
+    std::fs::remove_file(&path).ok();
+    match result {
+        Err(Error::InvalidModel { path: p, tensor, .. }) => {
+            assert!(p.contains("opsmith-invalid-model"), "{p}");
+            assert_eq!(tensor, "layers.1.weight");
+        }
+        other => panic!("expected InvalidModel, got {:?}", other.map(|m| m.sizes())),
+    }
+    Ok(())
+}
+
+/// Layers built in memory are held to the same rules as a file.
+#[test]
+fn layers_in_memory_must_agree_and_be_non_empty() -> Result<()> {
+    let a = Linear::from_tensors(t(&[1.0; 6], &[2, 3]), t(&[0.0; 3], &[3]), None)?;
+    let b32 = Linear::from_tensors(
+        Tensor::from_vec(vec![1.0f32; 6], [3, 2], Device::Cpu)?,
+        Tensor::from_vec(vec![0.0f32; 2], [2], Device::Cpu)?,
+        None,
+    )?;
+    match Mlp::from_layers(vec![a, b32], Activation::Relu) {
+        Err(Error::InvalidConfig { what: "Mlp", reason }) => assert!(reason.contains("f32"), "{reason}"),
+        other => panic!("expected InvalidConfig, got {:?}", other.map(|m| m.sizes())),
+    }
+    let empty = Linear::from_tensors(t(&[], &[2, 0]), t(&[], &[0]), None);
+    assert!(matches!(empty, Err(Error::InvalidConfig { what: "Linear", .. })), "{:?}", empty.map(|l| l.out_features()));
+    Ok(())
+}
+
 /// A tiny classification problem: the loss falls by 10× and every point ends up right.
 #[test]
 fn an_mlp_learns_xor() -> Result<()> {

@@ -4,47 +4,105 @@
 //!
 //! * `POST /v1/predict` takes `{"inputs": [[f32; features], ...]}` and answers
 //!   `{"outputs": [{"class": k, "probabilities": [...]}, ...]}`, one output per input row.
-//! * `GET /healthz` answers `{"status": "ok", "device": ..., "sizes": [...], ...}`.
+//! * `GET /healthz` answers `{"status": "ok", "device": ..., "sizes": [...], "workers": n,
+//!   "workers_alive": n, "inference_panics": 0, ...}`; `"degraded"` (still 200) with a
+//!   `"reason"` when some workers have stopped, and 503 `"unavailable"` when none is left, so a
+//!   load balancer stops sending requests that could not be answered.
 //!
 //! Bad requests get a 4xx and a JSON `{"error": "..."}` that says what is wrong: malformed JSON
-//! (400), a body that is not JSON (415), a wrong feature count or an empty batch (422), too many
-//! rows or too large a body (413). When the queue is full the answer is 503; nothing a client
-//! sends can stop the server.
+//! (400), a body that is not JSON (415), a wrong feature count, an empty batch, an input that is
+//! not a finite f32, or a row whose result overflows f32 inside the model (422, naming the row;
+//! never a 200 with `null` probabilities), too many rows or too large a body (413), a body that
+//! does not arrive within [`Config::body_timeout`] (408). When the queue is full, or a request
+//! is not answered within [`Config::request_timeout`], the answer is 503: retry later.
 //!
 //! Requests are merged: a worker takes the first waiting request, then whatever else arrives
 //! within [`Config::max_wait`], up to [`Config::max_merged_rows`] rows, runs them as one batch
 //! (one GEMM per layer instead of one per request) and splits the answer.
+//!
+//! # Reliability
+//!
+//! * **Slow or stuck clients cannot hold the service.** [`Server`] caps open connections at
+//!   [`Config::max_connections`] (more wait in the listen backlog until one closes, as Go's
+//!   `LimitListener`) and closes a connection whose request head has not fully arrived within
+//!   [`Config::header_timeout`] (counted from the connection opening or the previous answer, so
+//!   it is also the keep-alive idle timeout), or that has not taken any of its answer for
+//!   [`Config::send_timeout`]. A body that is not in within [`Config::body_timeout`] gets 408,
+//!   and any request not answered within [`Config::request_timeout`] gets 503. These need
+//!   [`Server::serve`]; a [`router`] mounted in another axum app keeps the body and request
+//!   timeouts, and leaves the connection limits to that app's server.
+//! * **A panic fails one request, not the service.** Inference runs under `catch_unwind`: a
+//!   panic is a 500 for the requests of that batch, and when a merged batch fails, its requests
+//!   are run again one by one so that only the culprit gets the error. Workers never run
+//!   inference while they hold the queue's lock, so a failing request cannot stall the others,
+//!   and `/healthz` reports the workers that are really running.
+//! * **Bad configurations and model files fail at start.** [`Config::validate`] (run by
+//!   [`router`] and [`Server::new`]) names the field at fault in a [`ConfigError`]; a model file
+//!   is checked whole by [`Model::load`].
+//!
+//! The defaults ([`Config::default`]) suit a service behind a load balancer on a fast network:
+//! 10 s for headers, body and each stalled send, 30 s per request, 1,024 connections.
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use opsmith::autograd::nn::Mlp;
 use opsmith::autograd::{Var, no_grad};
 use opsmith::{Device, Tensor, ops};
 use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex};
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, oneshot, watch};
 
-/// The service's limits and batching.
+#[cfg(test)]
+mod tests;
+
+/// The service's limits, timeouts and batching. [`Config::validate`] says which values work.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Worker threads, each with its own CUDA stream.
+    /// Worker threads, each with its own CUDA stream (1 to 1,024).
     pub workers: usize,
     /// The most rows one request may carry (more is a 413).
     pub max_request_rows: usize,
-    /// The most rows a worker merges into one batch.
+    /// The most rows a worker merges into one batch (at least `max_request_rows`).
     pub max_merged_rows: usize,
-    /// How long a worker waits for more requests after the first before it runs the batch.
+    /// How long a worker waits for more requests after the first before it runs the batch
+    /// (less than `request_timeout`).
     pub max_wait: Duration,
     /// Requests waiting beyond this many get a 503.
     pub queue_capacity: usize,
     /// The largest request body accepted (more is a 413).
     pub max_body_bytes: usize,
+    /// The most connections [`Server`] keeps open (1 to 2^20); more wait in the listen backlog
+    /// until one closes.
+    pub max_connections: usize,
+    /// How long a client has to send a request's line and headers, counted from the connection
+    /// opening or the previous answer (so it is also the keep-alive idle timeout). Then
+    /// [`Server`] closes the connection without an answer.
+    pub header_timeout: Duration,
+    /// How long a client has to send the body of a `POST /v1/predict`, once its headers are in
+    /// (more is a 408, and the connection closes).
+    pub body_timeout: Duration,
+    /// The most a request may take from its headers to its answer: body, queue and inference
+    /// (more is a 503).
+    pub request_timeout: Duration,
+    /// How long [`Server`] waits for a client that reads none of its answer before it closes
+    /// the connection.
+    pub send_timeout: Duration,
 }
 
 impl Default for Config {
@@ -56,21 +114,116 @@ impl Default for Config {
             max_wait: Duration::from_millis(2),
             queue_capacity: 4096,
             max_body_bytes: 4 << 20,
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(10),
         }
     }
 }
 
-/// Why the service could not start.
-#[derive(Debug)]
-pub struct StartError(pub String);
+/// The most worker threads.
+const MAX_WORKERS: usize = 1024;
+/// The most connections (a semaphore's permits, which must fit a `u32`).
+const MAX_CONNECTIONS: usize = 1 << 20;
+/// The longest timeout: longer is a mistake, and `Instant + Duration` would overflow near `Duration::MAX`.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
-impl std::fmt::Display for StartError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+/// A [`Config`] field with a value the service cannot use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("bad config: `{field}` {reason}")]
+pub struct ConfigError {
+    /// The field, as named in [`Config`].
+    pub field: &'static str,
+    /// What is wrong with its value.
+    pub reason: String,
+}
+
+impl Config {
+    /// Checks every field, in the order they are declared, and names the first bad one. A zero
+    /// count or timeout, fewer merged rows than request rows, a timeout over a day, or a
+    /// `max_wait` no shorter than `request_timeout` (every merged request would time out) are
+    /// errors.
+    ///
+    /// ```
+    /// use opsmith_example_serve::Config;
+    /// use std::time::Duration;
+    /// assert!(Config::default().validate().is_ok());
+    /// let bad = Config { max_wait: Duration::MAX, ..Config::default() };
+    /// assert_eq!(bad.validate().unwrap_err().field, "max_wait");
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |field: &'static str, reason: String| Err(ConfigError { field, reason });
+        if !(1..=MAX_WORKERS).contains(&self.workers) {
+            return fail("workers", format!("is {}; it must be between 1 and {MAX_WORKERS}", self.workers));
+        }
+        if self.max_request_rows == 0 {
+            return fail("max_request_rows", "is 0; it must be at least 1".into());
+        }
+        if self.max_merged_rows < self.max_request_rows {
+            return fail(
+                "max_merged_rows",
+                format!(
+                    "is {}; it must be at least max_request_rows ({})",
+                    self.max_merged_rows, self.max_request_rows
+                ),
+            );
+        }
+        if self.queue_capacity == 0 {
+            return fail("queue_capacity", "is 0; it must be at least 1".into());
+        }
+        if self.max_body_bytes == 0 {
+            return fail("max_body_bytes", "is 0; it must be at least 1".into());
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
+            return fail(
+                "max_connections",
+                format!("is {}; it must be between 1 and {MAX_CONNECTIONS}", self.max_connections),
+            );
+        }
+        for (field, value) in [
+            ("header_timeout", self.header_timeout),
+            ("body_timeout", self.body_timeout),
+            ("request_timeout", self.request_timeout),
+            ("send_timeout", self.send_timeout),
+        ] {
+            if value.is_zero() || value > MAX_TIMEOUT {
+                return fail(field, format!("is {value:?}; it must be more than zero and at most {MAX_TIMEOUT:?}"));
+            }
+        }
+        if self.max_wait >= self.request_timeout {
+            return fail(
+                "max_wait",
+                format!(
+                    "is {:?}; it must be less than request_timeout ({:?}), or merged requests would time out",
+                    self.max_wait, self.request_timeout
+                ),
+            );
+        }
+        Ok(())
     }
 }
 
-impl std::error::Error for StartError {}
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A [`Config`] field has a value the service cannot use.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The model could not be loaded (the error names the file, and the tensor at fault).
+    #[error(transparent)]
+    Model(#[from] opsmith::autograd::Error),
+    /// A worker could not start: its thread, or its CUDA stream.
+    #[error("could not start worker {worker}: {reason}")]
+    Worker {
+        /// Which worker.
+        worker: usize,
+        /// What failed.
+        reason: String,
+    },
+}
 
 /// The model as served: an [`Mlp`] loaded without a tape (its weights are constants).
 pub struct Model {
@@ -78,15 +231,17 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads a file written by `train_mlp` (`Mlp::save_safetensors`) onto `device`.
+    /// Loads a file written by `train_mlp` (`Mlp::save_safetensors`) onto `device`. The file is
+    /// checked whole here (see `Mlp::from_safetensors`): a missing, misnamed, misshapen or
+    /// non-finite tensor, mixed dtypes, or f64 weights bound for CUDA are a
+    /// [`StartError::Model`] naming the tensor, not a service that fails every request.
     ///
     /// ```
     /// use opsmith_example_serve::Model;
     /// assert!(Model::load("no/such/mlp.safetensors", opsmith::Device::Cpu).is_err());
     /// ```
     pub fn load(path: impl AsRef<Path>, device: Device) -> Result<Model, StartError> {
-        let mlp = Mlp::load_safetensors(path, device, None).map_err(|e| StartError(e.to_string()))?;
-        Ok(Model { mlp })
+        Ok(Model { mlp: Mlp::load_safetensors(path, device, None)? })
     }
 
     /// Serves an MLP already in memory.
@@ -170,10 +325,47 @@ struct Job {
     reply: oneshot::Sender<Result<Vec<f32>, String>>,
 }
 
+/// How a worker computes a batch: [`Model::predict`], or a stand-in that fails on purpose in tests.
+type PredictFn = dyn Fn(&Model, &[f32], usize) -> opsmith::autograd::Result<Vec<f32>> + Send + Sync;
+
+/// The workers as `/healthz` reports them.
+struct Workers {
+    configured: usize,
+    alive: AtomicUsize,
+    /// Panics caught in inference (each failed only its own requests).
+    panics: AtomicU64,
+    /// How the last worker to stop stopped.
+    last_exit: Mutex<Option<String>>,
+}
+
+/// Counts its worker among the living until the thread ends, however it ends (a panic unwinds
+/// through it too).
+struct Alive {
+    workers: Arc<Workers>,
+    index: usize,
+}
+
+impl Alive {
+    fn new(workers: Arc<Workers>, index: usize) -> Alive {
+        workers.alive.fetch_add(1, Ordering::SeqCst);
+        Alive { workers, index }
+    }
+}
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        let how = if std::thread::panicking() { "panicked" } else { "stopped" };
+        *self.workers.last_exit.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(format!("worker {} {how}", self.index));
+        self.workers.alive.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 struct AppState {
     model: Arc<Model>,
     config: Config,
     queue: SyncSender<Job>,
+    workers: Arc<Workers>,
 }
 
 /// The request body of `POST /v1/predict`.
@@ -210,47 +402,57 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(ErrorBody { error: message.into() })).into_response()
 }
 
-/// Starts `config.workers` worker threads for `model` and returns the router that feeds them.
+/// Validates `config`, starts `config.workers` worker threads for `model` and returns the router
+/// that feeds them, with the body and request timeouts (the connection limits need [`Server`]).
 /// The workers stop when the router (and every clone of it) is dropped.
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use opsmith::autograd::{Tape, nn::{Activation, Mlp}};
 /// use opsmith::{DType, Device};
-/// use opsmith_example_serve::Model;
+/// use opsmith_example_serve::{Config, Model, StartError, router};
 /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 1)?;
-/// let model = Model::from_mlp(mlp);
-/// use opsmith_example_serve::{Config, router};
-/// let app = router(std::sync::Arc::new(model), Config::default())?; // an axum Router
+/// let model = std::sync::Arc::new(Model::from_mlp(mlp));
+/// let app = router(model.clone(), Config::default())?; // an axum Router
 /// # drop(app);
+/// let bad = router(model, Config { workers: 0, ..Config::default() });
+/// assert!(matches!(bad, Err(StartError::Config(e)) if e.field == "workers"));
 /// # Ok(()) }
 /// ```
 pub fn router(model: Arc<Model>, config: Config) -> Result<Router, StartError> {
-    if config.workers == 0 || config.max_request_rows == 0 || config.max_merged_rows < config.max_request_rows {
-        return Err(StartError(format!(
-            "bad config: need workers > 0 and 0 < max_request_rows <= max_merged_rows, got {config:?}"
-        )));
-    }
+    app(model, config, Arc::new(|model: &Model, inputs: &[f32], rows| model.predict(inputs, rows)))
+}
+
+fn app(model: Arc<Model>, config: Config, predict_fn: Arc<PredictFn>) -> Result<Router, StartError> {
+    config.validate()?;
     let (queue, jobs) = sync_channel::<Job>(config.queue_capacity);
     let jobs = Arc::new(Mutex::new(jobs));
+    let workers = Arc::new(Workers {
+        configured: config.workers,
+        alive: AtomicUsize::new(0),
+        panics: AtomicU64::new(0),
+        last_exit: Mutex::new(None),
+    });
     for worker in 0..config.workers {
-        let (model, jobs, config) = (model.clone(), jobs.clone(), config.clone());
+        let (model, jobs, config, predict_fn, health) =
+            (model.clone(), jobs.clone(), config.clone(), predict_fn.clone(), workers.clone());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name(format!("opsmith-worker-{worker}"))
-            .spawn(move || run_worker(&model, &jobs, &config, ready_tx))
-            .map_err(|e| StartError(format!("could not start worker {worker}: {e}")))?;
+            .spawn(move || run_worker(&model, &*predict_fn, &jobs, &config, health, worker, ready_tx))
+            .map_err(|e| StartError::Worker { worker, reason: e.to_string() })?;
         ready_rx
             .recv()
-            .map_err(|_| StartError(format!("worker {worker} stopped while starting")))?
-            .map_err(|e| StartError(format!("worker {worker}: {e}")))?;
+            .map_err(|_| StartError::Worker { worker, reason: "it stopped while starting".into() })?
+            .map_err(|reason| StartError::Worker { worker, reason })?;
     }
-    let body_limit = config.max_body_bytes;
-    let state = Arc::new(AppState { model, config, queue });
+    let (body_limit, request_timeout) = (config.max_body_bytes, config.request_timeout);
+    let state = Arc::new(AppState { model, config, queue, workers });
     Ok(Router::new()
         .route("/v1/predict", post(predict))
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(request_timeout, request_deadline))
         .with_state(state))
 }
 
@@ -258,8 +460,11 @@ pub fn router(model: Arc<Model>, config: Config) -> Result<Router, StartError> {
 /// `max_wait`, runs the batch, answers each request with its rows.
 fn run_worker(
     model: &Model,
+    predict: &PredictFn,
     jobs: &Mutex<Receiver<Job>>,
     config: &Config,
+    workers: Arc<Workers>,
+    index: usize,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
     let stream = match model.mlp.device() {
@@ -273,57 +478,132 @@ fn run_worker(
         Device::Cpu => None,
     };
     let _on_own_stream = stream.as_ref().map(|s| s.make_current());
+    let _alive = Alive::new(workers.clone(), index);
     let _ = ready.send(Ok(()));
+    // A request that did not fit the last batch: it starts the next one.
+    let mut carried = None;
     loop {
         let batch = {
-            let Ok(jobs) = jobs.lock() else { return };
-            let Ok(first) = jobs.recv() else { return }; // the router is gone
-            let deadline = Instant::now() + config.max_wait;
-            let mut rows = first.rows;
-            let mut batch = vec![first];
-            while rows < config.max_merged_rows {
-                match jobs.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                    Ok(job) if rows + job.rows <= config.max_merged_rows => {
-                        rows += job.rows;
-                        batch.push(job);
-                    }
-                    Ok(job) => {
-                        // Doesn't fit: run it alone right after this batch.
-                        run_batch(model, vec![job]);
-                        break;
-                    }
-                    Err(RecvTimeoutError::Timeout) => break,
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
-            }
+            // Only the receiver is used under the lock, and it has no invariant a panic could
+            // break, so a poisoned lock is still sound to use.
+            let jobs = jobs.lock().unwrap_or_else(PoisonError::into_inner);
+            let first = match carried.take() {
+                Some(job) => job,
+                None => match jobs.recv() {
+                    Ok(job) => job,
+                    Err(_) => return, // the router is gone
+                },
+            };
+            let (batch, rest) = collect(&jobs, first, config);
+            carried = rest;
             batch
-        };
-        run_batch(model, batch);
+        }; // the lock is released here: inference never runs under it
+        run_batch(model, predict, batch, &workers);
     }
 }
 
-fn run_batch(model: &Model, batch: Vec<Job>) {
-    let rows: usize = batch.iter().map(|j| j.rows).sum();
-    let inputs: Vec<f32> = batch.iter().flat_map(|j| j.inputs.iter().copied()).collect();
-    match model.predict(&inputs, rows) {
+/// `first` and what else arrives within `max_wait`, up to `max_merged_rows` rows; a request
+/// that would overflow the batch comes back apart, to start the next one.
+fn collect(jobs: &Receiver<Job>, first: Job, config: &Config) -> (Vec<Job>, Option<Job>) {
+    // Config::validate bounds max_wait; if the clock could not add it, don't wait at all.
+    let deadline = Instant::now().checked_add(config.max_wait).unwrap_or_else(Instant::now);
+    let mut rows = first.rows;
+    let mut batch = vec![first];
+    while rows < config.max_merged_rows {
+        match jobs.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(job) if rows + job.rows <= config.max_merged_rows => {
+                rows += job.rows;
+                batch.push(job);
+            }
+            Ok(job) => return (batch, Some(job)),
+            Err(_) => break, // the deadline passed, or the router is gone
+        }
+    }
+    (batch, None)
+}
+
+/// Runs a batch and answers each request with its rows. When a merged batch fails, each of its
+/// requests runs again alone, so that one bad request cannot fail the others.
+fn run_batch(model: &Model, predict: &PredictFn, mut batch: Vec<Job>, workers: &Workers) {
+    // A client that has given up (timed out, hung up) needs no answer.
+    batch.retain(|job| !job.reply.is_closed());
+    if batch.is_empty() {
+        return;
+    }
+    match infer(model, predict, &batch, workers) {
         Ok(probabilities) => {
-            let classes = model.classes();
-            let mut start = 0;
+            // infer checked the length: each request takes its rows in order.
+            let mut rest = probabilities.as_slice();
             for job in batch {
-                let end = start + job.rows * classes;
-                let _ = job.reply.send(Ok(probabilities[start..end].to_vec()));
-                start = end;
+                let (mine, others) = rest.split_at((job.rows * model.classes()).min(rest.len()));
+                let _ = job.reply.send(Ok(mine.to_vec()));
+                rest = others;
             }
         }
-        Err(e) => {
+        Err(message) if batch.len() == 1 => {
+            if let Some(job) = batch.pop() {
+                let _ = job.reply.send(Err(message));
+            }
+        }
+        Err(_) => {
             for job in batch {
-                let _ = job.reply.send(Err(e.to_string()));
+                let result = infer(model, predict, std::slice::from_ref(&job), workers);
+                let _ = job.reply.send(result);
             }
         }
     }
 }
 
-async fn predict(State(state): State<Arc<AppState>>, body: Result<Json<PredictRequest>, JsonRejection>) -> Response {
+/// The probabilities for `jobs`' rows, or why there are none. A panic is caught here and
+/// becomes this batch's error: the model is only read during inference, so a panic leaves
+/// nothing half-updated for the next batch (which is what `AssertUnwindSafe` asserts).
+fn infer(model: &Model, predict: &PredictFn, jobs: &[Job], workers: &Workers) -> Result<Vec<f32>, String> {
+    let rows: usize = jobs.iter().map(|j| j.rows).sum();
+    let inputs: Vec<f32> = jobs.iter().flat_map(|j| j.inputs.iter().copied()).collect();
+    let expected = rows * model.classes();
+    match catch_unwind(AssertUnwindSafe(|| predict(model, &inputs, rows))) {
+        Ok(Ok(probabilities)) if probabilities.len() == expected => Ok(probabilities),
+        Ok(Ok(probabilities)) => {
+            Err(format!("inference returned {} values for {rows} rows; expected {expected}", probabilities.len()))
+        }
+        Ok(Err(e)) => Err(format!("inference failed: {e}")),
+        Err(payload) => {
+            workers.panics.fetch_add(1, Ordering::Relaxed);
+            let message = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("(no message)");
+            Err(format!("inference panicked: {message}"))
+        }
+    }
+}
+
+/// Answers 503 for a request that takes longer than `timeout` from its headers to its answer.
+async fn request_deadline(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no answer within the request timeout ({timeout:?}); retry later"),
+        ),
+    }
+}
+
+async fn predict(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let body_timeout = state.config.body_timeout;
+    let body = match tokio::time::timeout(body_timeout, Json::<PredictRequest>::from_request(request, &())).await {
+        Ok(body) => body,
+        Err(_) => {
+            let mut response = error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the request body did not arrive within the body timeout ({body_timeout:?})"),
+            );
+            // The rest of the body may still come; don't read it, close.
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return response;
+        }
+    };
     let request = match body {
         Ok(Json(request)) => request,
         Err(rejection) => {
@@ -350,6 +630,7 @@ async fn predict(State(state): State<Arc<AppState>>, body: Result<Json<PredictRe
             format!("row {i} has {} features; the model takes {features}", row.len()),
         );
     }
+    // JSON has no NaN or infinity, but a number beyond f32's range (1e39) parses as one.
     if let Some(i) = request.inputs.iter().position(|r| r.iter().any(|v| !v.is_finite())) {
         return error(StatusCode::UNPROCESSABLE_ENTITY, format!("row {i} has a value that is not a finite f32"));
     }
@@ -364,8 +645,20 @@ async fn predict(State(state): State<Arc<AppState>>, body: Result<Json<PredictRe
     }
     match answer.await {
         Ok(Ok(probabilities)) => {
+            let classes = state.model.classes().max(1);
+            // Finite inputs near ±3.4e38 can overflow f32 inside the model: refuse the row rather
+            // than answer 200 with null probabilities.
+            if let Some(row) = probabilities.chunks(classes).position(|p| p.iter().any(|v| !v.is_finite())) {
+                return error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!(
+                        "row {row}: the model's output is not finite (the values overflow f32 inside the model); \
+                         send smaller values"
+                    ),
+                );
+            }
             let outputs = probabilities
-                .chunks(state.model.classes().max(1))
+                .chunks(classes)
                 .map(|p| Prediction {
                     class: p.iter().enumerate().fold(0, |best, (i, v)| if *v > p[best] { i } else { best }),
                     probabilities: p.to_vec(),
@@ -373,18 +666,221 @@ async fn predict(State(state): State<Arc<AppState>>, body: Result<Json<PredictRe
                 .collect();
             Json(PredictResponse { outputs }).into_response()
         }
-        Ok(Err(message)) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("inference failed: {message}")),
+        Ok(Err(message)) => error(StatusCode::INTERNAL_SERVER_ERROR, message),
         Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the worker dropped the request"),
     }
 }
 
 async fn healthz(State(state): State<Arc<AppState>>) -> Response {
-    Json(serde_json::json!({
-        "status": "ok",
+    let workers = &state.workers;
+    let alive = workers.alive.load(Ordering::SeqCst);
+    let (code, status) = match alive {
+        _ if alive >= workers.configured => (StatusCode::OK, "ok"),
+        0 => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        _ => (StatusCode::OK, "degraded"),
+    };
+    let mut body = serde_json::json!({
+        "status": status,
         "device": state.model.mlp.device().to_string(),
         "sizes": state.model.mlp.sizes(),
         "activation": state.model.mlp.activation().name(),
-        "workers": state.config.workers,
-    }))
-    .into_response()
+        "workers": workers.configured,
+        "workers_alive": alive,
+        "inference_panics": workers.panics.load(Ordering::Relaxed),
+    });
+    if alive < workers.configured {
+        let last = workers.last_exit.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        body["reason"] = format!(
+            "{} of {} workers have stopped (last: {})",
+            workers.configured - alive,
+            workers.configured,
+            last.as_deref().unwrap_or("unknown")
+        )
+        .into();
+    }
+    (code, Json(body)).into_response()
+}
+
+/// The service on its own listener, with the connection limits a bare [`router`] cannot enforce:
+/// at most [`Config::max_connections`] open connections, [`Config::header_timeout`] and
+/// [`Config::send_timeout`]. HTTP/1.1 only.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use opsmith_example_serve::{Config, Model, Server};
+/// let model = std::sync::Arc::new(Model::load("target/mlp.safetensors", opsmith::Device::cuda_if_available())?);
+/// let server = Server::new(model, Config::default())?;
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+/// server.serve_until(listener, async { let _ = tokio::signal::ctrl_c().await; }).await;
+/// # Ok(()) }
+/// ```
+pub struct Server {
+    router: Router,
+    config: Config,
+}
+
+impl Server {
+    /// Validates `config` and starts the workers (as [`router`] does).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use opsmith::autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith::{DType, Device};
+    /// use opsmith_example_serve::{Config, Model, Server, StartError};
+    /// use std::time::Duration;
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 1)?;
+    /// let model = std::sync::Arc::new(Model::from_mlp(mlp));
+    /// let bad = Server::new(model.clone(), Config { header_timeout: Duration::ZERO, ..Config::default() });
+    /// assert!(matches!(bad, Err(StartError::Config(e)) if e.field == "header_timeout"));
+    /// let server = Server::new(model, Config::default())?;
+    /// # drop(server);
+    /// # Ok(()) }
+    /// ```
+    pub fn new(model: Arc<Model>, config: Config) -> Result<Server, StartError> {
+        Ok(Server { router: router(model, config.clone())?, config })
+    }
+
+    /// The router, to mount in another axum app (without the connection limits).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use opsmith::autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith::{DType, Device};
+    /// use opsmith_example_serve::{Config, Model, Server};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 1)?;
+    /// let server = Server::new(std::sync::Arc::new(Model::from_mlp(mlp)), Config::default())?;
+    /// let app = axum::Router::new().nest("/mlp", server.router());
+    /// # drop(app);
+    /// # Ok(()) }
+    /// ```
+    pub fn router(&self) -> Router {
+        self.router.clone()
+    }
+
+    /// Serves connections from `listener` until the task is dropped.
+    pub async fn serve(self, listener: TcpListener) {
+        self.serve_until(listener, std::future::pending()).await
+    }
+
+    /// Serves connections from `listener` until `shutdown` completes; then stops accepting, lets
+    /// each open connection finish the request it is on (idle ones close at once), and returns
+    /// when they have, or after `request_timeout + send_timeout` at most.
+    pub async fn serve_until(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) {
+        let Server { router, config } = self;
+        let permits = Arc::new(Semaphore::new(config.max_connections));
+        let (stop, stopped) = watch::channel(());
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(TokioTimer::new()).header_read_timeout(config.header_timeout);
+        let mut shutdown = pin!(shutdown);
+        loop {
+            // A free slot first: over the cap, clients wait in the listen backlog.
+            let permit = tokio::select! {
+                permit = permits.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break, // never closed
+                },
+                () = &mut shutdown => break,
+            };
+            let stream = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(_) => {
+                        // Out of file descriptors, a connection reset while queued, ...: pause
+                        // rather than spin, then try again.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let io = TokioIo::new(SendTimeout::new(stream, config.send_timeout));
+            let connection = http.serve_connection(io, TowerToHyperService::new(router.clone()));
+            let mut stopped = stopped.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let mut connection = pin!(connection);
+                tokio::select! {
+                    // Errors here are the client's (a timeout, a reset): nothing to answer.
+                    _ = connection.as_mut() => return,
+                    _ = stopped.changed() => {}
+                }
+                connection.as_mut().graceful_shutdown();
+                let _ = connection.await;
+            });
+        }
+        drop(stop);
+        let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
+        let _ = tokio::time::timeout(config.request_timeout + config.send_timeout, permits.acquire_many(all)).await;
+    }
+}
+
+/// A connection whose writes fail once they have made no progress for `timeout`: a client that
+/// stops reading its answer cannot hold the connection (and its slot) forever.
+struct SendTimeout<T> {
+    io: T,
+    timeout: Duration,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> SendTimeout<T> {
+    fn new(io: T, timeout: Duration) -> SendTimeout<T> {
+        SendTimeout { io, timeout, stalled: None }
+    }
+
+    /// Passes on a write's result; while it is pending, an error once it has been for `timeout`.
+    fn watch<R>(&mut self, cx: &mut Context<'_>, result: Poll<std::io::Result<R>>) -> Poll<std::io::Result<R>> {
+        if result.is_ready() {
+            self.stalled = None;
+            return result;
+        }
+        let timeout = self.timeout;
+        let stalled = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the client took none of the answer for {timeout:?}"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for SendTimeout<T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for SendTimeout<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.watch(cx, result)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.watch(cx, result)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_flush(cx);
+        this.watch(cx, result)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.watch(cx, result)
+    }
 }

@@ -9,7 +9,7 @@
 //! `--once` starts the service on a free loopback port, sends it one health check and one
 //! prediction, prints both answers and exits (what CI runs).
 use opsmith::Device;
-use opsmith_example_serve::{Config, Model, router};
+use opsmith_example_serve::{Config, Model, Server, StartError};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,19 +52,32 @@ fn parse_args() -> Result<Args, String> {
                 args.config.max_wait =
                     Duration::from_micros(value()?.parse().map_err(|e| format!("--max-wait-us: {e}"))?)
             }
+            "--max-connections" => {
+                args.config.max_connections = value()?.parse().map_err(|e| format!("--max-connections: {e}"))?
+            }
+            "--header-timeout-ms" => args.config.header_timeout = millis(&flag, &value()?)?,
+            "--body-timeout-ms" => args.config.body_timeout = millis(&flag, &value()?)?,
+            "--request-timeout-ms" => args.config.request_timeout = millis(&flag, &value()?)?,
+            "--send-timeout-ms" => args.config.send_timeout = millis(&flag, &value()?)?,
             "--once" => {
                 args.once = true;
                 args.addr = SocketAddr::from(([127, 0, 0, 1], 0));
             }
             "--help" | "-h" => {
                 return Err("usage: serve [--model FILE] [--addr IP:PORT] [--device cpu|cuda] [--workers N] \
-                            [--max-request-rows N] [--max-wait-us N] [--once]"
+                            [--max-request-rows N] [--max-wait-us N] [--max-connections N] \
+                            [--header-timeout-ms N] [--body-timeout-ms N] [--request-timeout-ms N] \
+                            [--send-timeout-ms N] [--once]"
                     .into());
             }
             other => return Err(format!("unknown argument {other} (try --help)")),
         }
     }
     Ok(args)
+}
+
+fn millis(flag: &str, value: &str) -> Result<Duration, String> {
+    Ok(Duration::from_millis(value.parse().map_err(|e| format!("{flag}: {e}"))?))
 }
 
 /// One HTTP/1.1 request over a fresh connection; returns the status line and the body.
@@ -99,17 +112,21 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let model = Arc::new(
-        Model::load(&args.model, args.device)
-            .map_err(|e| format!("{e} (run `cargo run --release --example train_mlp` first to write it)"))?,
-    );
+    let model = Arc::new(Model::load(&args.model, args.device).map_err(|e| match e {
+        // A missing or unreadable file: say how to make one. A file that is there but invalid
+        // names its tensor, and needs no hint.
+        StartError::Model(opsmith::autograd::Error::ModelFile { .. }) => {
+            format!("{e} (run `cargo run --release --example train_mlp` first to write it)")
+        }
+        other => other.to_string(),
+    })?);
     let features = model.features();
-    let app = router(model, args.config.clone())?;
+    let server = Server::new(model, args.config.clone())?;
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     let addr = listener.local_addr()?;
     println!("serving on http://{addr} on {} with {} workers", args.device, args.config.workers);
     if args.once {
-        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let server = tokio::spawn(server.serve(listener));
         println!("GET /healthz      -> {}", request(addr, "GET", "/healthz", "").await?);
         let row: Vec<String> = (0..features).map(|i| format!("{:.2}", 0.3 - 0.2 * i as f64)).collect();
         let body = format!("{{\"inputs\": [[{}]]}}", row.join(", "));
@@ -117,10 +134,10 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         server.abort();
         return Ok(());
     }
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
+    server
+        .serve_until(listener, async {
             let _ = tokio::signal::ctrl_c().await;
         })
-        .await?;
+        .await;
     Ok(())
 }

@@ -1,12 +1,17 @@
 //! Starts the service on a loopback port and sends it real HTTP requests: 1,000 concurrent
 //! ones, every tenth of them bad, each answer checked against an f64 forward pass of the same
-//! weights; then each kind of bad request alone, and a good one after them.
+//! weights; then each kind of bad request alone, and a good one after them; then slow and
+//! stuck clients over raw TCP, more connections than the cap, bad configurations, rows that
+//! overflow f32 and bad model files.
 use opsmith::autograd::Tape;
-use opsmith::autograd::nn::{Activation, Mlp};
-use opsmith::{DType, Device};
-use opsmith_example_serve::{Config, ErrorBody, Model, PredictResponse, router};
+use opsmith::autograd::nn::{Activation, Linear, Mlp};
+use opsmith::{DType, Device, Tensor};
+use opsmith_example_serve::{Config, ErrorBody, Model, PredictResponse, Server, StartError, router};
 use reqwest::StatusCode;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 const SIZES: [usize; 3] = [2, 16, 3];
 
@@ -51,12 +56,17 @@ async fn start(config: Config) -> (String, Vec<(Vec<f64>, Vec<f64>)>) {
         .iter()
         .map(|l| (l.weight().value().to_vec_f64().unwrap(), l.bias().value().to_vec_f64().unwrap()))
         .collect();
-    let model = Arc::new(Model::load(&path, device).unwrap());
-    let app = router(model, config).unwrap();
+    let model = Model::load(&path, device).unwrap();
+    (serve(model, config).await, weights)
+}
+
+/// Serves `model` on a free loopback port; returns its base URL.
+async fn serve(model: Model, config: Config) -> String {
+    let server = Server::new(Arc::new(model), config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}"), weights)
+    tokio::spawn(server.serve(listener));
+    format!("http://{addr}")
 }
 
 fn check(outputs: &PredictResponse, weights: &[(Vec<f64>, Vec<f64>)], rows: &[Vec<f32>]) {
@@ -151,7 +161,312 @@ async fn bad_requests_get_clear_4xx_answers_and_the_server_keeps_serving() {
     assert_eq!(answer.status(), StatusCode::OK);
     check(&answer.json().await.unwrap(), &weights, &rows);
 
-    let health: serde_json::Value = client.get(format!("{base}/healthz")).send().await.unwrap().json().await.unwrap();
+    let health = client.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    let health: serde_json::Value = health.json().await.unwrap();
     assert_eq!(health["status"], "ok");
     assert_eq!(health["sizes"], serde_json::json!(SIZES));
+    assert_eq!((health["workers"].as_u64(), health["workers_alive"].as_u64()), (Some(2), Some(2)));
+    assert_eq!(health["inference_panics"], 0);
+}
+
+/// Bounds every wait on the server below: a server that never closes fails the test instead of hanging it.
+const PATIENCE: Duration = Duration::from_secs(5);
+
+/// Reads until the server closes the connection (or resets it); returns what came back and when.
+async fn read_until_closed(stream: &mut TcpStream, since: Instant) -> (String, Duration) {
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 64 << 10];
+    let read = async {
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, read)
+        .await
+        .unwrap_or_else(|_| panic!("the connection is still open after {PATIENCE:?}"));
+    (String::from_utf8_lossy(&answer).into_owned(), since.elapsed())
+}
+
+/// Opens a connection, sends `bytes` and waits for the server to close it.
+async fn send_raw(base: &str, bytes: &str) -> (String, Duration) {
+    let mut stream = TcpStream::connect(base.trim_start_matches("http://")).await.unwrap();
+    let since = Instant::now();
+    stream.write_all(bytes.as_bytes()).await.unwrap();
+    read_until_closed(&mut stream, since).await
+}
+
+/// One GET on a connection that stays open: reads exactly the answer (by its content-length).
+async fn get_keep_alive(stream: &mut TcpStream, path: &str) -> String {
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n").as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    let read = async {
+        while !answer.ends_with(b"\r\n\r\n") {
+            stream.read_exact(&mut byte).await.unwrap();
+            answer.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&answer).to_lowercase();
+        let length: usize =
+            head.lines().find_map(|l| l.strip_prefix("content-length:")).map(|v| v.trim().parse().unwrap()).unwrap();
+        let mut body = vec![0u8; length];
+        stream.read_exact(&mut body).await.unwrap();
+        answer.extend_from_slice(&body);
+    };
+    tokio::time::timeout(PATIENCE, read).await.unwrap();
+    String::from_utf8(answer).unwrap()
+}
+
+/// Item 8: half-sent headers, a silent connection and a body that stops short no longer hold a
+/// connection open; the service keeps answering everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_and_the_server_keeps_serving() {
+    let timeout = Duration::from_millis(400);
+    let config = Config { header_timeout: timeout, body_timeout: timeout, ..Config::default() };
+    let (base, weights) = start(config).await;
+    let predict = "POST /v1/predict HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n";
+    let cases = [
+        ("half-sent headers", format!("{predict}content-le"), ""),
+        ("nothing at all", String::new(), ""),
+        ("5 of 1000 body bytes", format!("{predict}content-length: 1000\r\n\r\n{{\"inp"), "HTTP/1.1 408"),
+    ];
+    // Concurrently: they wait out their timeouts together.
+    let (a, b, c) =
+        tokio::join!(send_raw(&base, &cases[0].1), send_raw(&base, &cases[1].1), send_raw(&base, &cases[2].1));
+    for ((what, _, status), (answer, after)) in cases.iter().zip([a, b, c]) {
+        assert!(answer.starts_with(status), "{what}: {answer:?}");
+        // Closed by the timeout: not before it, and well before the old 35 s.
+        assert!(
+            after >= timeout - Duration::from_millis(50) && after < Duration::from_secs(3),
+            "{what}: closed after {after:?}"
+        );
+    }
+    let (answer, _) = send_raw(&base, &format!("{predict}content-length: 1000\r\n\r\n{{\"inp")).await;
+    assert!(answer.contains("body timeout"), "{answer}");
+    // A route that never reads its body answers, then closes rather than wait for the rest.
+    let (answer, after) =
+        send_raw(&base, "GET /healthz HTTP/1.1\r\nhost: test\r\ncontent-length: 1000\r\n\r\n{\"inp").await;
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("\"status\":\"ok\""), "{answer}");
+    assert!(after < Duration::from_secs(3), "closed after {after:?}");
+
+    // Still serving, and right.
+    let rows = vec![row(3, 0)];
+    let answer = reqwest::Client::new()
+        .post(format!("{base}/v1/predict"))
+        .json(&serde_json::json!({ "inputs": rows }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    check(&answer.json().await.unwrap(), &weights, &rows);
+}
+
+/// Item 8: a request that takes longer than `request_timeout` from its headers on is answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_the_request_timeout_gets_503() {
+    let timeout = Duration::from_millis(400);
+    let config = Config { body_timeout: Duration::from_secs(60), request_timeout: timeout, ..Config::default() };
+    let (base, _) = start(config).await;
+    let head =
+        "POST /v1/predict HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n";
+    let (answer, after) = send_raw(&base, &format!("{head}{{\"inp")).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("request timeout"), "{answer}");
+    assert!(after >= timeout - Duration::from_millis(50) && after < Duration::from_secs(3), "answered after {after:?}");
+}
+
+/// Item 8: with the cap at two connections, two idle keep-alive connections hold a third client
+/// back until the header timeout closes them; then it is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_cap_wait_for_a_free_slot() {
+    let idle = Duration::from_millis(600);
+    let config = Config { max_connections: 2, header_timeout: idle, ..Config::default() };
+    let (base, _) = start(config).await;
+    let addr = base.trim_start_matches("http://").to_string();
+    // Two connections, each answered once (so they are surely accepted), then left idle.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(&addr).await.unwrap();
+        assert!(get_keep_alive(&mut stream, "/healthz").await.starts_with("HTTP/1.1 200"));
+        held.push(stream);
+    }
+    let since = Instant::now();
+    let third = tokio::time::timeout(PATIENCE, reqwest::Client::new().get(format!("{base}/healthz")).send()).await;
+    let waited = since.elapsed();
+    assert_eq!(third.expect("answered once a slot freed").unwrap().status(), StatusCode::OK);
+    assert!(waited >= idle / 2, "the third connection was served after {waited:?}, while two others held both slots");
+    // And the idle ones were indeed closed.
+    for mut stream in held {
+        let (rest, _) = read_until_closed(&mut stream, Instant::now()).await;
+        assert_eq!(rest, "");
+    }
+}
+
+/// Item 8: a client that asks for a large answer and stops reading it loses the connection after
+/// `send_timeout`, instead of holding it (and a slot) forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_off_after_the_send_timeout() {
+    // 2,000 classes and 1,024 rows: an answer of ~25 MB, far more than the socket buffers hold
+    // (the client's receive buffer is kept small on purpose).
+    let mlp = Mlp::new(&Tape::new(), &[2, 4, 2000], Activation::Relu, DType::F32, Device::Cpu, 5).unwrap();
+    let send_timeout = Duration::from_millis(300);
+    let base = serve(Model::from_mlp(mlp), Config { send_timeout, ..Config::default() }).await;
+    let body = serde_json::json!({ "inputs": vec![[0.5f32, -0.25]; 1024] }).to_string();
+    let request = format!(
+        "POST /v1/predict HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 << 10).unwrap();
+    let mut stream = socket.connect(base.trim_start_matches("http://").parse().unwrap()).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    // The first bytes of the answer (once inference is done), then nothing read for 5 send timeouts.
+    let mut head = vec![0u8; 1024];
+    tokio::time::timeout(PATIENCE, stream.read_exact(&mut head)).await.unwrap().unwrap();
+    tokio::time::sleep(send_timeout * 5).await;
+    let (rest, _) = read_until_closed(&mut stream, Instant::now()).await;
+    let answer = String::from_utf8_lossy(&head).into_owned() + &rest;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{}", &answer[..answer.len().min(200)]);
+    let length: usize = answer
+        .to_lowercase()
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+        .unwrap();
+    let received = answer.split_once("\r\n\r\n").map(|(_, b)| b.len()).unwrap_or(0);
+    assert!(length > 20 << 20, "the answer is only {length} bytes");
+    assert!(received < length, "the whole answer ({length} bytes) was kept waiting for the client");
+}
+
+/// Item 9: a configuration the service cannot run is an error naming the field, at build time;
+/// `max_wait: Duration::MAX` used to make every worker panic on its first request.
+#[test]
+fn bad_configs_are_errors_naming_the_field() {
+    let mlp = Mlp::new(&Tape::new(), &SIZES, Activation::Relu, DType::F32, Device::Cpu, 9).unwrap();
+    let model = Arc::new(Model::from_mlp(mlp));
+    let d = Config::default;
+    let cases = [
+        (Config { max_wait: Duration::MAX, ..d() }, "max_wait"),
+        (Config { max_wait: Duration::from_secs(30), request_timeout: Duration::from_secs(30), ..d() }, "max_wait"),
+        (Config { workers: 0, ..d() }, "workers"),
+        (Config { workers: usize::MAX, ..d() }, "workers"),
+        (Config { max_request_rows: 0, ..d() }, "max_request_rows"),
+        (Config { max_request_rows: 10, max_merged_rows: 9, ..d() }, "max_merged_rows"),
+        (Config { queue_capacity: 0, ..d() }, "queue_capacity"),
+        (Config { max_body_bytes: 0, ..d() }, "max_body_bytes"),
+        (Config { max_connections: 0, ..d() }, "max_connections"),
+        (Config { header_timeout: Duration::ZERO, ..d() }, "header_timeout"),
+        (Config { body_timeout: Duration::MAX, ..d() }, "body_timeout"),
+        (Config { request_timeout: Duration::ZERO, ..d() }, "request_timeout"),
+        (Config { send_timeout: Duration::from_secs(1 << 40), ..d() }, "send_timeout"),
+    ];
+    for (config, field) in cases {
+        match router(model.clone(), config.clone()) {
+            Err(StartError::Config(e)) => {
+                assert_eq!(e.field, field, "{e}");
+                assert!(e.to_string().contains(field), "{e}");
+            }
+            other => panic!("{field}: expected a config error, got {:?}", other.map(|_| "a router")),
+        }
+        assert!(matches!(Server::new(model.clone(), config), Err(StartError::Config(e)) if e.field == field));
+    }
+}
+
+/// An MLP with hand-set weights: `h = relu(x0 + x1)` twice, logits `[h0 + h1, -(h0 + h1), (h0 + h1) / 2]`.
+fn overflowing_mlp() -> Mlp {
+    let t = |v: Vec<f32>, shape: &[usize]| Tensor::from_vec(v, shape.to_vec(), Device::Cpu).unwrap();
+    let first = Linear::from_tensors(t(vec![1.0; 4], &[2, 2]), t(vec![0.0; 2], &[2]), None).unwrap();
+    let second =
+        Linear::from_tensors(t(vec![1.0, -1.0, 0.5, 1.0, -1.0, 0.5], &[2, 3]), t(vec![0.0; 3], &[3]), None).unwrap();
+    Mlp::from_layers(vec![first, second], Activation::Relu).unwrap()
+}
+
+/// Softmax of `[s, -s, s/2]` for `s = 2·relu(x0 + x1)`, in f64.
+fn overflowing_reference(row: [f64; 2]) -> Vec<f64> {
+    let s = 2.0 * (row[0] + row[1]).max(0.0);
+    let logits = [s, -s, s / 2.0];
+    let total: f64 = logits.iter().map(|l| (l - s).exp()).sum();
+    logits.iter().map(|l| (l - s).exp() / total).collect()
+}
+
+/// Item 10: finite inputs near ±3.4e38 overflow f32 inside the model; that row is a 422 naming
+/// it, never a 200 with null probabilities, and requests merged with it are still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_that_overflow_f32_are_422_naming_the_row() {
+    let config = Config { max_wait: Duration::from_millis(20), ..Config::default() };
+    let base = serve(Model::from_mlp(overflowing_mlp()), config).await;
+    let url = format!("{base}/v1/predict");
+    let client = reqwest::Client::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let (client, url) = (client.clone(), url.clone());
+        tasks.spawn(async move {
+            if i % 2 == 0 {
+                // 3e38 + 3e38 is inf in f32, and the logits become [inf, -inf, inf].
+                let rows = serde_json::json!({"inputs": [[1.0, 2.0], [3.0e38, 3.0e38]]});
+                let answer = client.post(&url).json(&rows).send().await.unwrap();
+                assert_eq!(answer.status(), StatusCode::UNPROCESSABLE_ENTITY);
+                let body: ErrorBody = answer.json().await.unwrap();
+                assert!(body.error.contains("row 1") && body.error.contains("not finite"), "{}", body.error);
+            } else {
+                // -3e38 - 3e38 is -inf, which relu makes 0: finite, and right.
+                let rows = [[1.0f32, 2.0], [-3.0e38, -3.0e38], [0.25, -0.5]];
+                let answer = client.post(&url).json(&serde_json::json!({ "inputs": rows })).send().await.unwrap();
+                assert_eq!(answer.status(), StatusCode::OK);
+                let outputs: PredictResponse = answer.json().await.unwrap();
+                for (out, row) in outputs.outputs.iter().zip(rows) {
+                    let expected = overflowing_reference([f64::from(row[0]), f64::from(row[1])]);
+                    for (got, want) in out.probabilities.iter().zip(&expected) {
+                        assert!(
+                            (f64::from(*got) - want).abs() < 1e-6,
+                            "{row:?}: {:?} vs {expected:?}",
+                            out.probabilities
+                        );
+                    }
+                    assert_eq!(out.class, 0);
+                }
+            }
+        });
+    }
+    let mut done = 0;
+    while let Some(result) = tasks.join_next().await {
+        result.unwrap();
+        done += 1;
+    }
+    assert_eq!(done, 20);
+    // Inputs that are not finite f32 are refused before they reach the model.
+    for (body, needle) in [
+        ("{\"inputs\": [[-1e39, 1.0]]}", "row 0 has a value that is not a finite f32"),
+        ("{\"inputs\": [[1.0, 1.0], [1.0, 1e39]]}", "row 1 has a value that is not a finite f32"),
+        ("{\"inputs\": [[1e400, 1.0]]}", "out of range"),
+        ("{\"inputs\": [[NaN, 1.0]]}", "malformed"),
+    ] {
+        let answer = client.post(&url).header("content-type", "application/json").body(body).send().await.unwrap();
+        assert!(answer.status().is_client_error(), "{body}: {}", answer.status());
+        let error: ErrorBody = answer.json().await.unwrap();
+        assert!(error.error.contains(needle), "{body}: {}", error.error);
+    }
+}
+
+/// Item 11, as the service sees it: a model file with a NaN weight is refused at load, naming the
+/// tensor; it used to load and answer NaN.
+#[test]
+fn a_model_file_with_nan_weights_fails_to_load_naming_the_tensor() {
+    let t = |v: Vec<f32>, shape: &[usize]| Tensor::from_vec(v, shape.to_vec(), Device::Cpu).unwrap();
+    let layer = Linear::from_tensors(t(vec![1.0, f32::NAN, 0.5, 2.0], &[2, 2]), t(vec![0.0; 2], &[2]), None).unwrap();
+    let mlp = Mlp::from_layers(vec![layer], Activation::Relu).unwrap();
+    let path = std::env::temp_dir().join(format!("opsmith-serve-nan-{}.safetensors", std::process::id()));
+    mlp.save_safetensors(&path).unwrap();
+    let loaded = Model::load(&path, Device::Cpu);
+    std::fs::remove_file(&path).ok();
+    match loaded {
+        Err(StartError::Model(opsmith::autograd::Error::InvalidModel { tensor, reason, .. })) => {
+            assert_eq!(tensor, "layers.0.weight");
+            assert!(reason.contains("element 1") && reason.contains("NaN"), "{reason}");
+        }
+        Err(other) => panic!("expected InvalidModel, got {other}"),
+        Ok(model) => panic!("expected InvalidModel, loaded a model with {} classes", model.classes()),
+    }
 }
