@@ -144,10 +144,16 @@ impl Labels {
 
     #[cfg(feature = "cuda")]
     /// Calls `f` with the device address of the first label, valid on `stream` for the duration
-    /// of `f` (work `f` queues is ordered after the upload of the labels).
-    pub(crate) fn with_device_ptr<R>(&self, stream: &Stream, f: impl FnOnce(u64) -> Result<R>) -> Result<R> {
+    /// of `f` (work `f` queues is ordered after the upload of the labels). Labels on the CPU are
+    /// an [`Error::DeviceMismatch`] naming `op`.
+    pub(crate) fn with_device_ptr<R>(
+        &self,
+        op: &'static str,
+        stream: &Stream,
+        f: impl FnOnce(u64) -> Result<R>,
+    ) -> Result<R> {
         let LabelData::Cuda { values, .. } = &self.data else {
-            return Err(Error::DeviceMismatch { op: "Labels", lhs: stream.device().device(), rhs: Device::Cpu });
+            return Err(Error::DeviceMismatch { op, lhs: stream.device().device(), rhs: Device::Cpu });
         };
         values.uses.read_on(stream)?;
         // Event tracking is off for opsmith's contexts: this only reads the address.

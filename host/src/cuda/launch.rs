@@ -219,7 +219,7 @@ pub(super) unsafe fn launch_with_args(
             return Err(Error::DeviceMismatch { op: "Kernel::launch", lhs: device, rhs: t.device() });
         }
     }
-    with_cuda_ptrs(stream, &reads, &writes, |read_ptrs, write_ptrs| {
+    with_cuda_ptrs("Kernel::launch", stream, &reads, &writes, |read_ptrs, write_ptrs| {
         let (mut r, mut w) = (read_ptrs.iter(), write_ptrs.iter());
         let mut values: Vec<Value> = args
             .iter()

@@ -342,7 +342,7 @@ impl Communicator {
             return Ok(());
         }
         let stream = self.device.current_stream();
-        with_cuda_ptrs(&stream, &[], &[t], |_, ptrs| {
+        with_cuda_ptrs(op, &stream, &[], &[t], |_, ptrs| {
             self.device.bind()?;
             // SAFETY: in place: the pointer is valid for `t`'s elements on this device, and
             // `with_cuda_ptrs` holds the storage's write lock while NCCL enqueues.
@@ -378,7 +378,7 @@ impl Communicator {
             return Ok(());
         }
         let stream = self.device.current_stream();
-        with_cuda_ptrs(&stream, &[], &tensors, |_, ptrs| {
+        with_cuda_ptrs(op, &stream, &[], &tensors, |_, ptrs| {
             self.device.bind()?;
             nccl::group_start().map_err(|e| nccl_error("ncclGroupStart", self.device(), e))?;
             let mut first_error = None;

@@ -101,7 +101,7 @@ pub(super) fn elementwise(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tenso
     let lanes = (16 / first.dtype().size_in_bytes()) as u64;
     let cfg = LaunchConfig::covering(name, n.div_ceil(lanes), DEFAULT_BLOCK)?;
     let stream = device.current_stream();
-    with_cuda_ptrs(&stream, inputs, outputs, |reads, writes| {
+    with_cuda_ptrs(op.name(), &stream, inputs, outputs, |reads, writes| {
         let mut pointers: SmallVec<[u64; 8]> = reads.iter().chain(writes).copied().collect();
         let mut scalars = scalars(op);
         let mut n = n;

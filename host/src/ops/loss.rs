@@ -95,10 +95,10 @@ pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
         Device::Cuda(_) => {
             let table = dtype_table("cross_entropy", logits, ALL_LOSS)?;
             check_launch_len("cross_entropy", logits.elem_count(), logits.dtype())?;
-            let device = cuda_device(logits)?;
+            let device = cuda_device("cross_entropy", logits)?;
             let losses = Tensor::empty(Shape::from(rows), DType::F32, logits.device())?;
             let out = Tensor::empty(Shape::from(Vec::new()), logits.dtype(), logits.device())?;
-            labels.with_device_ptr(&device.current_stream(), |labels| {
+            labels.with_device_ptr("cross_entropy", &device.current_stream(), |labels| {
                 let args = [
                     KernelArg::Input(logits),
                     KernelArg::U64(labels),
@@ -160,9 +160,9 @@ pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> R
         Device::Cuda(_) => {
             let table = dtype_table("cross_entropy_backward", logits, ALL_LOSS)?;
             check_launch_len("cross_entropy_backward", logits.elem_count(), logits.dtype())?;
-            let device = cuda_device(logits)?;
+            let device = cuda_device("cross_entropy_backward", logits)?;
             let out = Tensor::empty(logits.shape().clone(), logits.dtype(), logits.device())?;
-            labels.with_device_ptr(&device.current_stream(), |labels| {
+            labels.with_device_ptr("cross_entropy_backward", &device.current_stream(), |labels| {
                 let args = [
                     KernelArg::Input(g),
                     KernelArg::Input(logits),
@@ -275,7 +275,7 @@ pub fn mse_loss_backward(g: &Tensor, pred: &Tensor, target: &Tensor) -> Result<T
             // The kernel takes one 16-byte pack per thread-iteration.
             let packs = n.div_ceil((16 / pred.dtype().size_in_bytes()) as u64);
             launch(
-                &cuda_device(pred)?,
+                &cuda_device("mse_loss_backward", pred)?,
                 table.mse_backward,
                 Some(packs),
                 &[

@@ -16,10 +16,12 @@ pub(super) fn table(op: &'static str, t: &Tensor) -> Result<ReductionKernels> {
 }
 
 #[cfg(feature = "cuda")]
-pub(super) fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
+/// The CUDA device `t` lives on, for the CUDA half of `op`; a CPU tensor is an
+/// [`Error::InvalidArgument`] naming `op`.
+pub(super) fn cuda_device(op: &'static str, t: &Tensor) -> Result<CudaDevice> {
     match t.device() {
         Device::Cuda(n) => CudaDevice::get(n),
-        Device::Cpu => Err(Error::DeviceMismatch { op: "cuda op", lhs: Device::Cuda(0), rhs: Device::Cpu }),
+        Device::Cpu => Err(Error::InvalidArgument { op, reason: "the CUDA half got a tensor on the CPU".into() }),
     }
 }
 
@@ -41,7 +43,7 @@ pub(super) fn launch(device: &CudaDevice, name: &str, work_items: Option<u64>, a
 /// `out[0] = scale * (partials[0] + … + partials[count - 1])` on CUDA, rounded to `out`'s dtype:
 /// the last launch of every whole-tensor reduction.
 pub(super) fn finish_sum(op: &'static str, partials: &Tensor, count: usize, scale: f64, out: &Tensor) -> Result<()> {
-    let device = cuda_device(out)?;
+    let device = cuda_device(op, out)?;
     launch(
         &device,
         table(op, out)?.sum_finish,
@@ -62,7 +64,7 @@ pub(super) fn finish_sum(op: &'static str, partials: &Tensor, count: usize, scal
 pub(super) fn reduce_partials(op: &'static str, first_pass: &str, inputs: &[&Tensor], scale: f64) -> Result<Tensor> {
     let x = inputs[0];
     let n = x.elem_count();
-    let device = cuda_device(x)?;
+    let device = cuda_device(op, x)?;
     let out = Tensor::empty(Shape::from(Vec::new()), x.dtype(), x.device())?;
     let partials_kernel = device.kernel(first_pass)?;
     let cfg = LaunchConfig::grid_stride(&partials_kernel, n as u64, DEFAULT_BLOCK)?;
@@ -163,7 +165,7 @@ pub fn expand_scalar(g: &Tensor, shape: impl Into<Shape>, scale: f64) -> Result<
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let kernels = table("expand_scalar", g)?;
-            let device = cuda_device(g)?;
+            let device = cuda_device("expand_scalar", g)?;
             let out = Tensor::empty(shape, g.dtype(), g.device())?;
             let n = out.elem_count() as u64;
             if n > 0 {
@@ -223,7 +225,7 @@ pub fn add_row(x: &Tensor, b: &Tensor) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let kernels = table("add_row", x)?;
-            let device = cuda_device(x)?;
+            let device = cuda_device("add_row", x)?;
             let out = Tensor::empty(x.shape().clone(), x.dtype(), x.device())?;
             let n = (rows * cols) as u64;
             if n > 0 {
@@ -271,7 +273,7 @@ pub fn sum_rows(g: &Tensor) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let kernels = table("sum_rows", g)?;
-            let device = cuda_device(g)?;
+            let device = cuda_device("sum_rows", g)?;
             let out = Tensor::empty(Shape::from(cols), g.dtype(), g.device())?;
             if cols > 0 {
                 launch(

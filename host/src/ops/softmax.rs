@@ -144,7 +144,7 @@ pub fn softmax(x: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> 
             // SAFETY: softmax kernels take (x, mask, out, rows, cols, mask_rows, scale); x and out
             // hold rows * cols elements, the mask mask_rows * cols (or is null with mask_rows 0),
             // and `forward_for` picks a kernel (and block size) whose row capacity covers `cols`.
-            unsafe { launch_softmax(&cuda_device(x)?, table.forward_for(cols as u64), rows, &args)? };
+            unsafe { launch_softmax(&cuda_device("softmax", x)?, table.forward_for(cols as u64), rows, &args)? };
             Ok(out)
         }
         #[cfg(not(feature = "cuda"))]
@@ -216,7 +216,9 @@ pub fn softmax_backward(g: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
             // SAFETY: softmax backward kernels take (g, y, gx, rows, cols, scale); all three hold
             // rows * cols elements, and `backward_for` picks a kernel (and block size) whose
             // capacity covers `cols`.
-            unsafe { launch_softmax(&cuda_device(y)?, table.backward_for(cols as u64), rows, &args)? };
+            unsafe {
+                launch_softmax(&cuda_device("softmax_backward", y)?, table.backward_for(cols as u64), rows, &args)?
+            };
             Ok(out)
         }
         #[cfg(not(feature = "cuda"))]

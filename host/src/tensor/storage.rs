@@ -143,8 +143,10 @@ enum CudaGuard<'a> {
 /// address order so that concurrent callers cannot deadlock. Work queued by `f` is ordered after
 /// earlier writes to the same memory on other streams (and, for a write, after earlier reads
 /// there), and later users on other streams wait for it (`cuda::stream_order`); on one stream
-/// this costs no driver call.
+/// this costs no driver call. A tensor on another device than `stream`'s is an
+/// [`Error::DeviceMismatch`] naming `op`.
 pub(crate) fn with_cuda_ptrs<R>(
+    op: &'static str,
     stream: &Stream,
     reads: &[&Tensor],
     writes: &[&Tensor],
@@ -168,14 +170,10 @@ pub(crate) fn with_cuda_ptrs<R>(
             // A kernel may not be able to reach another device's memory: callers check devices
             // first, and this keeps a miss from reaching the driver.
             StorageData::Cuda { device, .. } => {
-                return Err(Error::DeviceMismatch {
-                    op: "launch",
-                    lhs: stream.device().device(),
-                    rhs: device.device(),
-                });
+                return Err(Error::DeviceMismatch { op, lhs: stream.device().device(), rhs: device.device() });
             }
             StorageData::Cpu(_) => {
-                return Err(Error::DeviceMismatch { op: "launch", lhs: stream.device().device(), rhs: Device::Cpu });
+                return Err(Error::DeviceMismatch { op, lhs: stream.device().device(), rhs: Device::Cpu });
             }
         };
         guards.push(if *write { CudaGuard::Write(bytes.write()) } else { CudaGuard::Read(bytes.read_recursive()) });
