@@ -181,6 +181,17 @@ pub enum Error {
         #[source]
         source: DriverError,
     },
+    /// A CUDA driver call that concerns no one device (initialization with the device count,
+    /// or the driver version) failed.
+    #[cfg(feature = "cuda")]
+    #[error("{call} failed: {source}")]
+    DriverQuery {
+        /// The driver function.
+        call: &'static str,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
     /// The device has too little free memory.
     #[error("out of memory on {device}: allocating {bytes} bytes failed")]
     OutOfMemory {

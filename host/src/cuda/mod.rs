@@ -85,7 +85,7 @@ pub fn device_count() -> Result<usize> {
             .and_then(|_| cudarc::driver::CudaContext::device_count())
             .map(|n| n.max(0) as usize)
     });
-    count.map_err(|source| Error::Driver { call: "cuDeviceGetCount", device: crate::Device::Cuda(0), source })
+    count.map_err(|source| Error::DriverQuery { call: "cuDeviceGetCount", source })
 }
 
 /// The CUDA driver's version as (major, minor), e.g. (13, 0).
@@ -103,10 +103,6 @@ pub fn driver_version() -> Result<(u32, u32)> {
     let mut v = 0i32;
     // SAFETY: cuDriverGetVersion writes one int through a valid pointer.
     let status = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
-    status.result().map_err(|source| Error::Driver {
-        call: "cuDriverGetVersion",
-        device: crate::Device::Cuda(0),
-        source,
-    })?;
+    status.result().map_err(|source| Error::DriverQuery { call: "cuDriverGetVersion", source })?;
     Ok((v as u32 / 1000, (v as u32 % 1000) / 10))
 }
