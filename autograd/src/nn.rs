@@ -183,19 +183,28 @@ impl Linear {
             });
         }
         if bias.dims() != [out] {
-            return Err(
-                opsmith_host::Error::ShapeMismatch { op: "Linear", lhs: vec![out], rhs: bias.dims().to_vec() }.into()
-            );
+            return Err(opsmith_host::Error::ShapeMismatch {
+                op: "Linear::from_tensors",
+                lhs: vec![out],
+                rhs: bias.dims().to_vec(),
+            }
+            .into());
         }
         if bias.dtype() != weight.dtype() {
-            return Err(
-                opsmith_host::Error::DTypeMismatch { op: "Linear", lhs: weight.dtype(), rhs: bias.dtype() }.into()
-            );
+            return Err(opsmith_host::Error::DTypeMismatch {
+                op: "Linear::from_tensors",
+                lhs: weight.dtype(),
+                rhs: bias.dtype(),
+            }
+            .into());
         }
         if bias.device() != weight.device() {
-            return Err(
-                opsmith_host::Error::DeviceMismatch { op: "Linear", lhs: weight.device(), rhs: bias.device() }.into()
-            );
+            return Err(opsmith_host::Error::DeviceMismatch {
+                op: "Linear::from_tensors",
+                lhs: weight.device(),
+                rhs: bias.device(),
+            }
+            .into());
         }
         Ok(Linear { weight: parameter(tape, weight), bias: parameter(tape, bias) })
     }
