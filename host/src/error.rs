@@ -131,7 +131,7 @@ pub enum Error {
     #[error("{op}: {elements} elements exceed the {limit} one launch can index")]
     TooLarge {
         /// The operation or kernel.
-        op: String,
+        op: &'static str,
         /// The element count.
         elements: u64,
         /// The largest count allowed.

@@ -118,7 +118,7 @@ fn too_large_for_one_launch() {
 fn too_large_for_a_32_bit_length() {
     let err = cuda::len_as_u32("my_kernel", 1 << 33).unwrap_err();
     assert!(
-        matches!(&err, Error::TooLarge { op, elements, limit } if op == "my_kernel" && *elements == 1 << 33 && *limit == u32::MAX as u64)
+        matches!(&err, Error::TooLarge { op, elements, limit } if *op == "my_kernel" && *elements == 1 << 33 && *limit == u32::MAX as u64)
     );
 }
 

@@ -131,8 +131,8 @@ fn check_block(kernel: &str, block: u32) -> Result<()> {
 /// assert!(matches!(len_as_u32("scale_f32", 1 << 32), Err(Error::TooLarge { .. })));
 /// # Ok(()) }
 /// ```
-pub fn len_as_u32(kernel: &str, n: usize) -> Result<u32> {
-    u32::try_from(n).map_err(|_| Error::TooLarge { op: kernel.into(), elements: n as u64, limit: u32::MAX as u64 })
+pub fn len_as_u32(kernel: &'static str, n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::TooLarge { op: kernel, elements: n as u64, limit: u32::MAX as u64 })
 }
 
 /// Whether `OPSMITH_LAUNCH_BLOCKING=1` was set when the first launch happened: then every launch

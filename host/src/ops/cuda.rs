@@ -78,7 +78,7 @@ pub(crate) fn check_launch_len(op: &'static str, n: usize, dtype: DType) -> Resu
     let limit = (isize::MAX as u64) / dtype.size_in_bytes() as u64;
     let n = n as u64;
     if n > limit {
-        return Err(Error::TooLarge { op: op.into(), elements: n, limit });
+        return Err(Error::TooLarge { op, elements: n, limit });
     }
     Ok(n)
 }

@@ -256,24 +256,16 @@ fn layout_error(op: &'static str, e: ndarray::ShapeError) -> Error {
     Error::InvalidArgument { op, reason: format!("matrix layout: {e}") }
 }
 
-/// A size as cuBLAS's `int`, or [`Error::TooLarge`].
+/// A size as cuBLAS's `int`, or [`Error::TooLarge`] naming `op`.
 #[cfg(feature = "cublas")]
-fn blas_int(op: &'static str, what: &str, value: usize) -> Result<i32> {
-    i32::try_from(value).map_err(|_| Error::TooLarge {
-        op: format!("{op} ({what} for cuBLAS)"),
-        elements: value as u64,
-        limit: i32::MAX as u64,
-    })
+fn blas_int(op: &'static str, value: usize) -> Result<i32> {
+    i32::try_from(value).map_err(|_| Error::TooLarge { op, elements: value as u64, limit: i32::MAX as u64 })
 }
 
-/// A batch stride as cuBLAS's `long long`, or [`Error::TooLarge`].
+/// A batch stride as cuBLAS's `long long`, or [`Error::TooLarge`] naming `op`.
 #[cfg(feature = "cublas")]
 fn blas_stride(op: &'static str, value: usize) -> Result<i64> {
-    i64::try_from(value).map_err(|_| Error::TooLarge {
-        op: format!("{op} (batch stride for cuBLAS)"),
-        elements: value as u64,
-        limit: i64::MAX as u64,
-    })
+    i64::try_from(value).map_err(|_| Error::TooLarge { op, elements: value as u64, limit: i64::MAX as u64 })
 }
 
 /// The CUDA half: one `cublasGemmStridedBatchedEx` over the whole batch, storage in the tensor
@@ -292,11 +284,11 @@ fn cuda(p: &Product, ordinal: usize, a: &Tensor, b: &Tensor, out: &Tensor) -> Re
         DType::F64 => return Err(Error::UnsupportedDType { op: p.op, dtype: DType::F64, device: a.device() }),
     };
     let op = p.op;
-    let (m, n, k) = (blas_int(op, "m", p.m)?, blas_int(op, "n", p.n)?, blas_int(op, "k", p.k)?);
-    let batch = blas_int(op, "batch", p.batch)?;
+    let (m, n, k) = (blas_int(op, p.m)?, blas_int(op, p.n)?, blas_int(op, p.k)?);
+    let batch = blas_int(op, p.batch)?;
     let (a_stored, b_stored) = (p.a_stored(), p.b_stored());
-    let lda = blas_int(op, "leading dimension of a", a_stored.1)?;
-    let ldb = blas_int(op, "leading dimension of b", b_stored.1)?;
+    let lda = blas_int(op, a_stored.1)?;
+    let ldb = blas_int(op, b_stored.1)?;
     let stride_a = blas_stride(op, a_stored.0 * a_stored.1)?;
     let stride_b = blas_stride(op, b_stored.0 * b_stored.1)?;
     let stride_c = blas_stride(op, p.m * p.n)?;

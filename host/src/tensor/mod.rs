@@ -82,7 +82,7 @@ fn fill_pattern(value: f64, dtype: DType) -> Option<FillPattern> {
 pub(crate) fn host_vec<T: Clone>(op: &'static str, n: usize, value: T) -> Result<Vec<T>> {
     let bytes =
         n.checked_mul(std::mem::size_of::<T>()).filter(|&b| b <= isize::MAX as usize).ok_or(Error::TooLarge {
-            op: op.into(),
+            op,
             elements: n as u64,
             limit: (isize::MAX as usize / std::mem::size_of::<T>().max(1)) as u64,
         })?;
@@ -93,11 +93,7 @@ pub(crate) fn host_vec<T: Clone>(op: &'static str, n: usize, value: T) -> Result
 }
 
 fn element_count(op: &'static str, shape: &Shape) -> Result<usize> {
-    shape.checked_elem_count().ok_or_else(|| Error::TooLarge {
-        op: op.into(),
-        elements: u64::MAX,
-        limit: usize::MAX as u64,
-    })
+    shape.checked_elem_count().ok_or(Error::TooLarge { op, elements: u64::MAX, limit: usize::MAX as u64 })
 }
 
 impl Tensor {
@@ -273,7 +269,7 @@ impl Tensor {
     fn uninit_on(stream: &crate::cuda::Stream, shape: Shape, dtype: DType) -> Result<Tensor> {
         let n = element_count("Tensor::empty", &shape)?;
         let bytes = n.checked_mul(dtype.size_in_bytes()).ok_or(Error::TooLarge {
-            op: "Tensor::empty".into(),
+            op: "Tensor::empty",
             elements: n as u64,
             limit: (usize::MAX / dtype.size_in_bytes()) as u64,
         })?;
