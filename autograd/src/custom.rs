@@ -27,7 +27,7 @@ use std::sync::Arc;
 /// struct Cube;
 ///
 /// impl CustomOp for Cube {
-///     fn name(&self) -> &str {
+///     fn name(&self) -> &'static str {
 ///         "cube"
 ///     }
 ///     fn num_inputs(&self) -> usize {
@@ -55,8 +55,8 @@ use std::sync::Arc;
 /// # Ok(()) }
 /// ```
 pub trait CustomOp: Send + Sync + 'static {
-    /// The op's name, for errors.
-    fn name(&self) -> &str;
+    /// The op's name, for errors: a literal, like the names of the built-in ops.
+    fn name(&self) -> &'static str;
     /// How many inputs it takes.
     fn num_inputs(&self) -> usize;
     /// The forward on the CPU.
@@ -66,12 +66,12 @@ pub trait CustomOp: Send + Sync + 'static {
     /// The forward on CUDA.
     fn cuda_forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
         let _ = inputs;
-        Err(Error::MissingCudaImpl { op: self.name().into(), stage: "forward" })
+        Err(Error::MissingCudaImpl { op: self.name(), stage: "forward" })
     }
     /// The backward on CUDA.
     fn cuda_backward(&self, inputs: &[&Tensor], output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
         let _ = (inputs, output, grad);
-        Err(Error::MissingCudaImpl { op: self.name().into(), stage: "backward" })
+        Err(Error::MissingCudaImpl { op: self.name(), stage: "backward" })
     }
 }
 
@@ -90,7 +90,7 @@ pub trait CustomOp: Send + Sync + 'static {
 /// struct Identity;
 ///
 /// impl CustomOp for Identity {
-///     fn name(&self) -> &str {
+///     fn name(&self) -> &'static str {
 ///         "identity"
 ///     }
 ///     fn num_inputs(&self) -> usize {
@@ -112,12 +112,7 @@ pub trait CustomOp: Send + Sync + 'static {
 /// ```
 pub fn custom(op: &Arc<dyn CustomOp>, inputs: &[&Var]) -> Result<Var> {
     if inputs.len() != op.num_inputs() {
-        return Err(Error::Arity {
-            op: op.name().into(),
-            what: "inputs",
-            expected: op.num_inputs(),
-            actual: inputs.len(),
-        });
+        return Err(Error::Arity { op: op.name(), what: "inputs", expected: op.num_inputs(), actual: inputs.len() });
     }
     let tensors: Vec<&Tensor> = inputs.iter().map(|v| v.value()).collect();
     let device = match tensors.first() {
@@ -125,7 +120,7 @@ pub fn custom(op: &Arc<dyn CustomOp>, inputs: &[&Var]) -> Result<Var> {
         None => Device::Cpu,
     };
     if let Some(t) = tensors.iter().find(|t| t.device() != device) {
-        return Err(opsmith_host::Error::DeviceMismatch { op: "custom op", lhs: device, rhs: t.device() }.into());
+        return Err(opsmith_host::Error::DeviceMismatch { op: op.name(), lhs: device, rhs: t.device() }.into());
     }
     let out = match device {
         Device::Cpu => op.cpu_forward(&tensors)?,
@@ -138,26 +133,21 @@ pub fn custom(op: &Arc<dyn CustomOp>, inputs: &[&Var]) -> Result<Var> {
     keep.push(&out);
     let op = Arc::clone(op);
     let out_for_record = out.clone();
-    Ok(tape.record(op.name().to_string(), inputs, out_for_record, &keep, move |g| {
+    Ok(tape.record(op.name(), inputs, out_for_record, &keep, move |g| {
         let ins: Vec<&Tensor> = saved_inputs.iter().collect();
         let grads = match device {
             Device::Cpu => op.cpu_backward(&ins, &saved_output, g)?,
             Device::Cuda(_) => op.cuda_backward(&ins, &saved_output, g)?,
         };
         if grads.len() != ins.len() {
-            return Err(Error::Arity {
-                op: op.name().into(),
-                what: "gradients",
-                expected: ins.len(),
-                actual: grads.len(),
-            });
+            return Err(Error::Arity { op: op.name(), what: "gradients", expected: ins.len(), actual: grads.len() });
         }
         for (k, (gk, input)) in grads.iter().zip(&ins).enumerate() {
             if let Some(gk) = gk
                 && gk.dims() != input.dims()
             {
                 return Err(Error::GradientShape {
-                    op: op.name().into(),
+                    op: op.name(),
                     input: k,
                     expected: input.dims().to_vec(),
                     actual: gk.dims().to_vec(),

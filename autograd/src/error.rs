@@ -44,7 +44,7 @@ pub enum Error {
     )]
     SavedTensorModified {
         /// The op whose saved input changed.
-        op: String,
+        op: &'static str,
         /// Its storage version when saved.
         saved: u64,
         /// Its storage version at backward.
@@ -54,7 +54,7 @@ pub enum Error {
     #[error("custom op `{op}` has no CUDA {stage}: implement CustomOp::cuda_{stage}, or run it on the CPU")]
     MissingCudaImpl {
         /// The custom op.
-        op: String,
+        op: &'static str,
         /// "forward" or "backward".
         stage: &'static str,
     },
@@ -62,7 +62,7 @@ pub enum Error {
     #[error("{op}: expected {expected} {what}, got {actual}")]
     Arity {
         /// The op.
-        op: String,
+        op: &'static str,
         /// "inputs" or "gradients".
         what: &'static str,
         /// How many it takes.
@@ -74,7 +74,7 @@ pub enum Error {
     #[error("{op}: the gradient of input {input} has shape {actual:?}, the input {expected:?}")]
     GradientShape {
         /// The op.
-        op: String,
+        op: &'static str,
         /// Which input.
         input: usize,
         /// The input's shape.
@@ -98,7 +98,7 @@ pub enum Error {
     #[error("{op}: variables from different tapes cannot be combined")]
     TapeMismatch {
         /// The op.
-        op: String,
+        op: &'static str,
     },
     /// An earlier backward already consumed the graph that produced this output.
     #[error("backward: the graph of this output was consumed by an earlier backward; run the forward pass again")]

@@ -2,7 +2,6 @@
 use crate::{Error, Result};
 use opsmith_host::{DType, Device, Shape, Tensor, ops};
 use parking_lot::Mutex;
-use std::borrow::Cow;
 use std::cell::Cell;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -278,8 +277,8 @@ struct Input {
 struct Node {
     /// The recording order, kept when a failed backward puts its nodes back.
     seq: u64,
-    /// Borrowed for the built-in ops: recording allocates no name.
-    op: Cow<'static, str>,
+    /// Recording allocates no name.
+    op: &'static str,
     /// One entry per input: `None` for an input that does not require gradients.
     inputs: Vec<Option<Input>>,
     output: VarId,
@@ -492,7 +491,7 @@ impl Tape {
     fn backward_from(&self, output: &Var, seed: Pending) -> Result<Gradients> {
         match &output.tape {
             None => return Err(Error::RequiresGrad { what: "backward" }),
-            Some(t) if !t.same(self) => return Err(Error::TapeMismatch { op: "backward".into() }),
+            Some(t) if !t.same(self) => return Err(Error::TapeMismatch { op: "backward" }),
             Some(_) => {}
         }
         let graph = self.take_graph(output)?;
@@ -562,11 +561,7 @@ fn run_backward(graph: &[Node], output: VarId, seed: Pending) -> Result<Gradient
         let Some(Pending { grad, sharers }) = grads.remove(&node.output) else { continue };
         for (tensor, version) in &node.saved {
             if tensor.version() != *version {
-                return Err(Error::SavedTensorModified {
-                    op: node.op.to_string(),
-                    saved: *version,
-                    now: tensor.version(),
-                });
+                return Err(Error::SavedTensorModified { op: node.op, saved: *version, now: tensor.version() });
             }
         }
         let (mut input_grads, upstream) = match (grad, &node.uniform_backward) {
@@ -581,7 +576,7 @@ fn run_backward(graph: &[Node], output: VarId, seed: Pending) -> Result<Gradient
         };
         if input_grads.len() != node.inputs.len() {
             return Err(Error::Arity {
-                op: node.op.to_string(),
+                op: node.op,
                 what: "gradients",
                 expected: node.inputs.len(),
                 actual: input_grads.len(),
@@ -809,14 +804,14 @@ pub fn is_grad_enabled() -> bool {
 
 /// The tape an op on `inputs` records on, if any: `None` under `no_grad` or when no input
 /// requires gradients; an error if inputs come from different tapes.
-pub(crate) fn tracking(op: &str, inputs: &[&Var]) -> Result<Option<Tape>> {
+pub(crate) fn tracking(op: &'static str, inputs: &[&Var]) -> Result<Option<Tape>> {
     if !is_grad_enabled() {
         return Ok(None);
     }
     let mut found: Option<&Tape> = None;
     for tape in inputs.iter().filter_map(|v| v.tape.as_ref()) {
         match found {
-            Some(t) if !t.same(tape) => return Err(Error::TapeMismatch { op: op.into() }),
+            Some(t) if !t.same(tape) => return Err(Error::TapeMismatch { op }),
             _ => found = Some(tape),
         }
     }
@@ -829,13 +824,13 @@ impl Tape {
     /// to one optional gradient per input.
     pub(crate) fn record(
         &self,
-        op: impl Into<Cow<'static, str>>,
+        op: &'static str,
         inputs: &[&Var],
         output: Tensor,
         saved: &[&Tensor],
         backward: impl Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Var {
-        self.push_node(op.into(), inputs, output, saved, Box::new(backward), None)
+        self.push_node(op, inputs, output, saved, Box::new(backward), None)
     }
 
     /// As [`record`](Self::record), with a second backward for a uniform output gradient (see
@@ -843,19 +838,19 @@ impl Tape {
     /// filled into a tensor, up to the roundings [`Grad`] describes.
     pub(crate) fn record_with_uniform(
         &self,
-        op: impl Into<Cow<'static, str>>,
+        op: &'static str,
         inputs: &[&Var],
         output: Tensor,
         saved: &[&Tensor],
         backward: impl Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
         uniform_backward: impl Fn(f64) -> Result<Vec<Option<Grad>>> + Send + 'static,
     ) -> Var {
-        self.push_node(op.into(), inputs, output, saved, Box::new(backward), Some(Box::new(uniform_backward)))
+        self.push_node(op, inputs, output, saved, Box::new(backward), Some(Box::new(uniform_backward)))
     }
 
     fn push_node(
         &self,
-        op: Cow<'static, str>,
+        op: &'static str,
         inputs: &[&Var],
         output: Tensor,
         saved: &[&Tensor],

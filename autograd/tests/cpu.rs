@@ -22,7 +22,7 @@ fn gradcheck_reports_a_wrong_gradient() {
     use opsmith_host::Tensor;
     struct WrongSquare;
     impl CustomOp for WrongSquare {
-        fn name(&self) -> &str {
+        fn name(&self) -> &'static str {
             "wrong_square"
         }
         fn num_inputs(&self) -> usize {

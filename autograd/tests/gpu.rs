@@ -46,7 +46,7 @@ fn backward_stays_on_the_device() -> Result<()> {
 fn missing_cuda_halves_are_errors() -> Result<()> {
     struct ForwardOnly;
     impl CustomOp for ForwardOnly {
-        fn name(&self) -> &str {
+        fn name(&self) -> &'static str {
             "forward_only"
         }
         fn num_inputs(&self) -> usize {

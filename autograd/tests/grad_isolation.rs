@@ -263,7 +263,7 @@ struct Tap {
 }
 
 impl CustomOp for Tap {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         "tap"
     }
     fn num_inputs(&self) -> usize {

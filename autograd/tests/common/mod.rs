@@ -232,7 +232,7 @@ pub fn uniform_gradients_accumulate(device: Device) -> Result<()> {
 pub struct Cube;
 
 impl CustomOp for Cube {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         "cube"
     }
     fn num_inputs(&self) -> usize {
@@ -255,7 +255,7 @@ pub struct Broken {
 }
 
 impl CustomOp for Broken {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         "broken"
     }
     fn num_inputs(&self) -> usize {

@@ -121,7 +121,7 @@ impl Filter3x3 {
 }
 
 impl CustomOp for Filter3x3 {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         "filter3x3"
     }
     fn num_inputs(&self) -> usize {

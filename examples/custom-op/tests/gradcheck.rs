@@ -29,7 +29,7 @@ fn a_backward_without_the_flip_fails_gradcheck() {
     // backward must be caught.
     struct Unflipped(Filter3x3);
     impl CustomOp for Unflipped {
-        fn name(&self) -> &str {
+        fn name(&self) -> &'static str {
             "unflipped"
         }
         fn num_inputs(&self) -> usize {
