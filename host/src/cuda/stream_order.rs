@@ -32,7 +32,9 @@ struct Uses {
     readers: Vec<(Weak<CudaStream>, CudaEvent)>,
 }
 
-fn is(reader: &Weak<CudaStream>, stream: &Stream) -> bool {
+/// Whether the reader handle `reader` refers to `stream`: the same stream object, compared by
+/// address without upgrading the weak reference (see [`Uses::readers`] for why that is sound).
+fn refers_to(reader: &Weak<CudaStream>, stream: &Stream) -> bool {
     std::ptr::eq(reader.as_ptr(), Arc::as_ptr(stream.raw()))
 }
 
@@ -51,7 +53,7 @@ impl StreamUses {
     /// [`read_done`](Self::read_done) once that work is queued.
     pub(crate) fn read_on(&self, stream: &Stream) -> Result<()> {
         let uses = self.state.lock();
-        if uses.writer.same_as(stream) || uses.readers.iter().any(|(r, _)| is(r, stream)) {
+        if uses.writer.same_as(stream) || uses.readers.iter().any(|(r, _)| refers_to(r, stream)) {
             return Ok(());
         }
         stream.wait_for_now(&uses.writer)
@@ -67,7 +69,7 @@ impl StreamUses {
         let record = |event: &CudaEvent| {
             event.record(stream.raw()).map_err(|source| stream.device().driver_error("cuEventRecord", source))
         };
-        if let Some((_, event)) = uses.readers.iter().find(|(r, _)| is(r, stream)) {
+        if let Some((_, event)) = uses.readers.iter().find(|(r, _)| refers_to(r, stream)) {
             return record(event);
         }
         let event = stream
@@ -87,7 +89,7 @@ impl StreamUses {
         if !uses.writer.same_as(stream) {
             stream.wait_for_now(&uses.writer)?;
         }
-        for (_, event) in uses.readers.iter().filter(|(r, _)| !is(r, stream)) {
+        for (_, event) in uses.readers.iter().filter(|(r, _)| !refers_to(r, stream)) {
             stream.wait_event(event)?;
         }
         uses.readers.clear();
@@ -106,7 +108,7 @@ impl StreamUses {
         if !uses.writer.same_as(home) {
             context.record_err(home.wait_raw(&uses.writer));
         }
-        for (_, event) in uses.readers.iter().filter(|(r, _)| !is(r, home)) {
+        for (_, event) in uses.readers.iter().filter(|(r, _)| !refers_to(r, home)) {
             context.record_err(home.raw().wait(event));
         }
     }
