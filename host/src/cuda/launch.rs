@@ -72,11 +72,11 @@ impl LaunchConfig {
 
     /// The configuration for a streaming kernel over `work_items` items: one item per thread,
     /// blocks of `block` threads, up to the largest grid CUDA allows (a grid-stride kernel
-    /// loops over the rest). The GPU dispatches blocks in index order, so the addresses in
-    /// flight stay in a narrow window of each array; one wave of grid-striding blocks (see
-    /// [`grid_stride`](Self::grid_stride)) spreads the same traffic over the whole array, and on
-    /// an H200 ran `fused_mul_add` 5% and `add_mul_backward` 6% slower at 2^28 elements
-    /// (BENCHMARKS.md). Needs no occupancy query, so it costs no driver call.
+    /// loops over the rest). The GPU dispatches blocks roughly in index order, so the addresses
+    /// in flight stay in a narrow window of each array, where one wave of grid-striding blocks
+    /// (see [`grid_stride`](Self::grid_stride)) spreads the same traffic over the whole array;
+    /// for streaming kernels the covering grid measured faster (BENCHMARKS.md, "Launch shape").
+    /// Needs no occupancy query, so it costs no driver call.
     ///
     /// ```
     /// # fn main() -> opsmith_host::Result<()> {
