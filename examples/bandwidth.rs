@@ -255,7 +255,7 @@ fn other_ptx_rows(
     let packs = n.div_ceil((16 / dtype.size_in_bytes()) as u64);
     let stream = dev.current_stream();
     let file = std::path::Path::new(path).file_name().map_or(path.into(), |f| f.to_string_lossy());
-    let kernels = [(names.fused_mul_add, 4.0), (names.add_mul_backward, 6.0)];
+    let kernels = [(names.fused_mul_add.name(), 4.0), (names.add_mul_backward.name(), 6.0)];
     for ((name, values), &block) in kernels.into_iter().flat_map(|k| blocks.iter().map(move |b| (k, b))) {
         let kernel = module.kernel(name)?;
         let wave = LaunchConfig::grid_stride(&kernel, packs, block)?;

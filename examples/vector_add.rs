@@ -6,13 +6,13 @@
 //! `host/build.rs` compiles that crate with rustc's nvptx64 backend and embeds the PTX; the
 //! host loads it once per device and launches it through one checked path.
 //!
-//! This example launches it twice: through `ops::add`, and by hand through the same path any
-//! kernel takes (`Kernel::launch` with typed arguments), then checks both against the CPU.
+//! This example launches it twice: through `ops::add`, and by hand through the typed launcher
+//! any kernel declared with `opsmith::kernels::kernel!` gets, then checks both against the CPU.
 //!
 //! ```text
 //! cargo run --release --example vector_add
 //! ```
-use opsmith::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, LaunchConfig};
+use opsmith::cuda::{self, Grid};
 use opsmith::{DType, Device, Result, Tensor, ops};
 
 fn main() -> Result<()> {
@@ -29,20 +29,19 @@ fn main() -> Result<()> {
     assert_eq!(sum.to_vec::<f32>()?, expected);
     println!("ops::add on {device}: {n} elements, equal to the CPU sum");
 
-    // 2. The same kernel, launched by name.
-    let Device::Cuda(ordinal) = device else {
+    // 2. The same kernel, launched through its declaration.
+    if !device.is_cuda() {
         println!("no CUDA device: the by-hand launch needs one (ops::add ran on the CPU backend)");
         return Ok(());
-    };
-    let dev = CudaDevice::get(ordinal)?;
-    let kernel = dev.kernel(opsmith::kernels::names::F32.add)?;
+    }
+    // The declaration fixes the arguments' kinds and order at compile time: (a, b, out, n).
+    let add = opsmith::kernels::names::F32.add;
     let out = Tensor::full(f64::NAN, [n], DType::F32, device)?; // poisoned: unwritten elements show
-    let cfg = LaunchConfig::grid_stride(&kernel, (n as u64).div_ceil(4), DEFAULT_BLOCK)?;
-    let args = [KernelArg::Input(&ta), KernelArg::Input(&tb), KernelArg::Output(&out), KernelArg::U64(n as u64)];
-    // SAFETY: add_f32(a, b, out, n) reads n f32 of a and b and writes n of out, which is what
-    // these tensors hold; out overlaps neither input.
-    unsafe { kernel.launch(&dev.current_stream(), cfg, &args)? };
+    cuda::launch(add, Grid::stride((n as u64).div_ceil(4)), (&ta, &tb, &out, n as u64))?;
     assert_eq!(out.to_vec::<f32>()?, expected);
-    println!("add_f32 launched by hand: grid {} × block {}, every element written and right", cfg.grid, cfg.block);
+    println!("{} launched by hand: every element written and right", add.name());
+    // Dtype, device and length are checked at run time, before the driver sees anything.
+    let err = cuda::launch(add, Grid::stride(1), (&ta, &tb, &out, n as u64 + 1)).unwrap_err();
+    println!("a length the tensors do not have is refused: {err}");
     Ok(())
 }

@@ -51,7 +51,7 @@ impl DType {
     /// ```
     /// use opsmith_host::DType;
     /// assert_eq!(DType::BF16.name(), "bf16");
-    /// assert!(opsmith_kernels::names::BF16.add.ends_with(DType::BF16.name()));
+    /// assert!(opsmith_kernels::names::BF16.add.name().ends_with(DType::BF16.name()));
     /// ```
     pub const fn name(self) -> &'static str {
         match self {

@@ -117,6 +117,32 @@ pub enum Error {
         /// Which output (0-based).
         output: usize,
     },
+    /// A kernel launch was given a tensor of another dtype than the kernel declares for that
+    /// parameter.
+    #[error("{kernel}: parameter `{param}` is declared {expected}, got a {actual} tensor")]
+    ArgumentDType {
+        /// The kernel.
+        kernel: &'static str,
+        /// The parameter, by its name in the kernel's declaration.
+        param: &'static str,
+        /// The element type the kernel declares.
+        expected: opsmith_kernels::decl::ElemKind,
+        /// The tensor's dtype.
+        actual: DType,
+    },
+    /// A kernel launch was given a tensor of another length than the kernel declares for that
+    /// parameter (from the launch's scalar arguments).
+    #[error("{kernel}: parameter `{param}` {}", length_mismatch(*expected, *actual))]
+    ArgumentLength {
+        /// The kernel.
+        kernel: &'static str,
+        /// The parameter, by its name in the kernel's declaration.
+        param: &'static str,
+        /// The declared length, or `None` when the launch's scalars make it overflow or negative.
+        expected: Option<u64>,
+        /// Elements in the tensor given.
+        actual: u64,
+    },
     /// A typed read asked for a different element type than the tensor holds.
     #[error("{op}: the tensor holds {actual}, not {requested}")]
     ElementType {
@@ -348,5 +374,13 @@ impl Error {
         } else {
             Error::Driver { call: "memory allocation", device, source }
         }
+    }
+}
+
+/// The second half of [`Error::ArgumentLength`]'s message.
+fn length_mismatch(expected: Option<u64>, actual: u64) -> String {
+    match expected {
+        Some(n) => format!("must hold {n} elements, got a tensor of {actual}"),
+        None => format!("has a declared length that overflows for these scalar arguments (got a tensor of {actual})"),
     }
 }

@@ -73,7 +73,7 @@ fn views_at_odd_offsets_are_unaligned() -> Result<()> {
 #[test]
 fn grid_is_sized_for_the_device() -> Result<()> {
     let dev = CudaDevice::get(0)?;
-    let kernel = dev.kernel(opsmith_kernels::names::F32.add)?;
+    let kernel = dev.kernel(opsmith_kernels::names::F32.add.name())?;
     let small = LaunchConfig::grid_stride(&kernel, 1000, 256)?;
     assert_eq!(small.grid, 4);
     let per_sm = kernel.max_active_blocks_per_sm(256)?;
@@ -169,5 +169,53 @@ fn third_party_ptx_module() -> Result<()> {
     let err = KernelModule::from_ptx(&GPU, "broken", ".version 7.0\n.target sm_70\nthis is not ptx").err().unwrap();
     assert!(matches!(&err, Error::ModuleLoad { module, .. } if module == "broken"), "{err}");
     assert!(matches!(module.kernel("scale_f64"), Err(Error::KernelNotFound { .. })));
+    Ok(())
+}
+
+opsmith_kernels::kernel! {
+    /// The declaration of `examples/ptx/scale.ptx`'s kernel, so that it launches typed: a `u32`
+    /// length and an `f32` scalar, the two 4-byte parameter kinds.
+    ///
+    /// # Safety
+    /// `x` and `y` are valid for `n` f32.
+    pub unsafe fn scale_f32(x: *const [f32; n], #[in_place] y: *mut [f32; n], a: f32, n: u32) {}
+}
+
+/// Typed launches: a kernel crate's module loads once per device, 4- and 8-byte scalars reach
+/// the kernel intact, in-place is allowed where declared, and wrong tensors are typed errors.
+#[test]
+fn typed_launches() -> Result<()> {
+    use opsmith_host::cuda::{self, Grid, KernelCrate};
+    static SCALE: KernelCrate = KernelCrate::new("scale", include_str!("../../examples/ptx/scale.ptx"));
+    let dev = CudaDevice::get(0)?;
+    assert!(std::sync::Arc::ptr_eq(&SCALE.module(&dev)?, &SCALE.module(&dev)?), "one module per device");
+
+    let n = 5000;
+    let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
+    let xt = Tensor::from_vec(x.clone(), [n], GPU)?;
+    let y = Tensor::full(f64::NAN, [n + 3], DType::F32, GPU)?;
+    let y_view = y.narrow(1, n)?;
+    SCALE.launch(scale_f32, Grid::covering(n as u64).with_block(128), (&xt, &y_view, -3.0, n as u32))?;
+    let got = y.to_vec::<f32>()?;
+    assert!(got[0].is_nan() && got[n + 1].is_nan() && got[n + 2].is_nan(), "wrote outside the view");
+    assert!((0..n).all(|i| got[i + 1] == x[i] * -3.0));
+    // In place, as declared: x *= 0.5.
+    SCALE.launch(scale_f32, Grid::covering(n as u64), (&xt, &xt, 0.5, n as u32))?;
+    assert!(xt.to_vec::<f32>()?.iter().zip(&x).all(|(a, b)| *a == b * 0.5));
+
+    // opsmith's own kernels, u64 lengths, f16 buffers.
+    let h = Tensor::from_vec((0..n).map(|i| i as f32).collect(), [n], GPU)?.to_dtype(DType::F16)?;
+    let sum = Tensor::full(f64::NAN, [n], DType::F16, GPU)?;
+    cuda::launch(opsmith_kernels::names::F16.add, Grid::stride((n as u64).div_ceil(8)), (&h, &h, &sum, n as u64))?;
+    assert_eq!(values(&sum)?, values(&h)?.iter().map(|v| 2.0 * v).collect::<Vec<_>>()); // doubling is exact
+
+    // The wrong dtype, the wrong length and mixed devices are refused before the driver.
+    let err = cuda::launch(opsmith_kernels::names::F32.add, Grid::stride(8), (&h, &h, &sum, n as u64)).unwrap_err();
+    assert!(matches!(err, Error::ArgumentDType { kernel: "add_f32", param: "a", actual: DType::F16, .. }), "{err}");
+    let err = SCALE.launch(scale_f32, Grid::stride(8), (&xt, &y, 1.0, n as u32)).unwrap_err();
+    assert!(matches!(err, Error::ArgumentLength { param: "y", actual, .. } if actual == n as u64 + 3), "{err}");
+    let on_cpu = Tensor::zeros([n], DType::F32, Device::Cpu)?;
+    let err = SCALE.launch(scale_f32, Grid::stride(8), (&xt, &on_cpu, 1.0, n as u32)).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "scale_f32", .. }), "{err}");
     Ok(())
 }

@@ -11,6 +11,8 @@
 //! At ±inf every function returns its limit rather than NaN from `inf · 0`: gelu and silu
 //! give +inf and −0, their derivatives 1 and 0. NaN gives NaN, except that `relu_backward`
 //! passes no gradient where x is NaN (as `x > 0` is false).
+// A PTX build without the `activation` feature keeps the formulas and drops the kernels.
+#![cfg_attr(all(target_arch = "nvptx64", not(feature = "activation")), allow(unused_macros, unused_imports))]
 use crate::names::ActivationKernels;
 use crate::real::Real;
 
@@ -99,19 +101,23 @@ pub fn silu_backward<T: Real>(g: T, x: T) -> T {
 /// One forward kernel: `out[i] = f(x[i])`.
 macro_rules! forward_kernel {
     ($name:ident, $elem:ty, $f:ident) => {
-        #[doc = concat!("`out[i] = ", stringify!($f), "(x[i])` for `i < n`, in f32, rounded once to the storage dtype.")]
-        ///
-        /// Threads map to 16-byte packs in grid-stride order, scalar for the tail or when a
-        /// pointer is not 16-byte aligned; any grid size is correct.
-        ///
-        /// # Safety
-        /// `x` and `out` are valid for `n` elements and aligned to the element type; `out` is
-        /// either exactly `x` or does not overlap it.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(x: *const $elem, out: *mut $elem, n: u64) {
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe { crate::device::elementwise::map_elementwise::<$elem, 1, 1>([x], [out], n, |[x]| [$f(x)]) }
+        crate::kernel! {
+            #[doc = concat!("`out[i] = ", stringify!($f), "(x[i])` for `i < n`, in f32, rounded once to the storage dtype.")]
+            ///
+            /// Threads map to 16-byte packs in grid-stride order, scalar for the tail or when a
+            /// pointer is not 16-byte aligned; any grid size is correct.
+            ///
+            /// # Safety
+            /// `x` and `out` are valid for `n` elements and aligned to the element type; `out` is
+            /// either exactly `x` or does not overlap it.
+            pub unsafe fn $name(
+                x: *const [$elem; n],
+                #[in_place] out: *mut [$elem; n],
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { crate::device::elementwise::map_elementwise::<$elem, 1, 1>([x], [out], n, |[x]| [$f(x)]) }
+            }
         }
     };
 }
@@ -119,20 +125,25 @@ macro_rules! forward_kernel {
 /// One backward kernel: `gx[i] = f(g[i], x[i])`.
 macro_rules! backward_kernel {
     ($name:ident, $elem:ty, $f:ident) => {
-        #[doc = concat!("`gx[i] = ", stringify!($f), "(g[i], x[i])` for `i < n`: the upstream gradient `g` times the derivative at `x`, in one pass, in f32, rounded once to the storage dtype.")]
-        ///
-        /// Threads map to 16-byte packs in grid-stride order, scalar for the tail or when a
-        /// pointer is not 16-byte aligned; any grid size is correct.
-        ///
-        /// # Safety
-        /// `g`, `x` and `gx` are valid for `n` elements and aligned to the element type; `gx` is
-        /// either exactly `g` or `x`, or overlaps neither.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(g: *const $elem, x: *const $elem, gx: *mut $elem, n: u64) {
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe {
-                crate::device::elementwise::map_elementwise::<$elem, 2, 1>([g, x], [gx], n, |[g, x]| [$f(g, x)])
+        crate::kernel! {
+            #[doc = concat!("`gx[i] = ", stringify!($f), "(g[i], x[i])` for `i < n`: the upstream gradient `g` times the derivative at `x`, in one pass, in f32, rounded once to the storage dtype.")]
+            ///
+            /// Threads map to 16-byte packs in grid-stride order, scalar for the tail or when a
+            /// pointer is not 16-byte aligned; any grid size is correct.
+            ///
+            /// # Safety
+            /// `g`, `x` and `gx` are valid for `n` elements and aligned to the element type; `gx` is
+            /// either exactly `g` or `x`, or overlaps neither.
+            pub unsafe fn $name(
+                g: *const [$elem; n],
+                x: *const [$elem; n],
+                #[in_place] gx: *mut [$elem; n],
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe {
+                    crate::device::elementwise::map_elementwise::<$elem, 2, 1>([g, x], [gx], n, |[g, x]| [$f(g, x)])
+                }
             }
         }
     };
@@ -151,13 +162,14 @@ macro_rules! activation_family {
         }
     ) => {
         $(#[$table_doc])*
+        #[cfg(not(target_arch = "nvptx64"))]
         pub const $table: ActivationKernels = ActivationKernels {
-            relu: stringify!($relu),
-            relu_backward: stringify!($relu_bwd),
-            gelu: stringify!($gelu),
-            gelu_backward: stringify!($gelu_bwd),
-            silu: stringify!($silu),
-            silu_backward: stringify!($silu_bwd),
+            relu: $relu,
+            relu_backward: $relu_bwd,
+            gelu: $gelu,
+            gelu_backward: $gelu_bwd,
+            silu: $silu,
+            silu_backward: $silu_bwd,
         };
         forward_kernel!($relu, $elem, relu);
         backward_kernel!($relu_bwd, $elem, relu_backward);
@@ -168,6 +180,7 @@ macro_rules! activation_family {
     };
 }
 
+#[cfg(any(not(target_arch = "nvptx64"), feature = "activation"))]
 activation_family! {
     /// The activation kernels for f32 tensors.
     F32, f32, {
@@ -180,9 +193,10 @@ activation_family! {
     }
 }
 
+#[cfg(any(not(target_arch = "nvptx64"), feature = "activation"))]
 activation_family! {
     /// The activation kernels for f16 tensors (arithmetic in f32).
-    F16, crate::device::element::F16, {
+    F16, crate::dtype::F16, {
         relu: relu_f16,
         relu_backward: relu_backward_f16,
         gelu: gelu_f16,
@@ -192,9 +206,10 @@ activation_family! {
     }
 }
 
+#[cfg(any(not(target_arch = "nvptx64"), feature = "activation"))]
 activation_family! {
     /// The activation kernels for bf16 tensors (arithmetic in f32).
-    BF16, crate::device::element::Bf16, {
+    BF16, crate::dtype::Bf16, {
         relu: relu_bf16,
         relu_backward: relu_backward_bf16,
         gelu: gelu_bf16,

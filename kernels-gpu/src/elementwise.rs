@@ -20,167 +20,201 @@ macro_rules! elementwise_family {
         }
     ) => {
         $(#[$table_doc])*
+        #[cfg(not(target_arch = "nvptx64"))]
         pub const $table: ElementwiseKernels = ElementwiseKernels {
-            add: stringify!($add),
-            sub: stringify!($sub),
-            mul: stringify!($mul),
-            affine: stringify!($affine),
-            fused_mul_add: stringify!($fma),
-            add_mul: stringify!($add_mul),
-            add_mul_backward: stringify!($add_mul_bwd),
-            add_mul_backward_uniform: stringify!($add_mul_bwd_uniform),
+            add: $add,
+            sub: $sub,
+            mul: $mul,
+            affine: $affine,
+            fused_mul_add: $fma,
+            add_mul: $add_mul,
+            add_mul_backward: $add_mul_bwd,
+            add_mul_backward_uniform: $add_mul_bwd_uniform,
         };
 
-        /// `out[i] = a[i] + b[i]` for `i < n`.
-        ///
-        /// Threads map to 16-byte packs in grid-stride order, scalar for the tail or when any
-        /// pointer is not 16-byte aligned; any grid size is correct.
-        ///
-        /// # Safety
-        /// `a`, `b` and `out` are valid for `n` elements and aligned to the element type; `out`
-        /// is either exactly `a` or `b`, or overlaps neither.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $add(a: *const $elem, b: *const $elem, out: *mut $elem, n: u64) {
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a + b]) }
-        }
-
-        /// `out[i] = a[i] - b[i]` for `i < n`.
-        ///
-        /// Thread mapping as for the `add` kernel of this family.
-        ///
-        /// # Safety
-        /// As for `add`: `a`, `b` and `out` are valid for `n` elements and aligned to the element
-        /// type; `out` is either exactly `a` or `b`, or overlaps neither.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $sub(a: *const $elem, b: *const $elem, out: *mut $elem, n: u64) {
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a - b]) }
-        }
-
-        /// `out[i] = x[i] * alpha + beta` for `i < n`, one rounding in f32 (`fma.rn.f32`): negation,
-        /// scaling and shifting by a scalar.
-        ///
-        /// Thread mapping as for the `add` kernel of this family.
-        ///
-        /// # Safety
-        /// `x` and `out` are valid for `n` elements and aligned to the element type; `out` is
-        /// either exactly `x` or does not overlap it.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $affine(x: *const $elem, out: *mut $elem, alpha: f32, beta: f32, n: u64) {
-            use crate::device::math::fma;
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe { crate::device::elementwise::map_elementwise::<$elem, 1, 1>([x], [out], n, |[x]| [fma(x, alpha, beta)]) }
-        }
-
-        /// `out[i] = a[i] * b[i]` for `i < n`.
-        ///
-        /// Thread mapping as for the `add` kernel of this family.
-        ///
-        /// # Safety
-        /// As for `add`: `a`, `b` and `out` are valid for `n` elements and aligned to the element
-        /// type; `out` is either exactly `a` or `b`, or overlaps neither.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $mul(a: *const $elem, b: *const $elem, out: *mut $elem, n: u64) {
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a * b]) }
-        }
-
-        /// `d[i] = a[i] * b[i] + c[i]` for `i < n`, with one rounding in f32 (`fma.rn.f32`),
-        /// then one rounding to the storage dtype.
-        ///
-        /// Thread mapping as for the `add` kernel of this family.
-        ///
-        /// # Safety
-        /// `a`, `b`, `c` and `d` are valid for `n` elements and aligned to the element type; `d`
-        /// is either exactly one of the inputs or overlaps none of them.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $fma(a: *const $elem, b: *const $elem, c: *const $elem, d: *mut $elem, n: u64) {
-            use crate::device::math::fma;
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe { crate::device::elementwise::map_elementwise::<$elem, 3, 1>([a, b, c], [d], n, |[a, b, c]| [fma(a, b, c)]) }
-        }
-
-        /// `z[i] = (x[i] + y[i]) * w[i]` for `i < n`, in f32 with the sum rounded to f32.
-        ///
-        /// Thread mapping as for the `add` kernel of this family.
-        ///
-        /// # Safety
-        /// `x`, `y`, `w` and `z` are valid for `n` elements and aligned to the element type; `z`
-        /// is either exactly one of the inputs or overlaps none of them.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $add_mul(x: *const $elem, y: *const $elem, w: *const $elem, z: *mut $elem, n: u64) {
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe { crate::device::elementwise::map_elementwise::<$elem, 3, 1>([x, y, w], [z], n, |[x, y, w]| [(x + y) * w]) }
-        }
-
-        /// The backward of `z = (x + y) * w` for an upstream gradient `g`, in one pass:
-        /// `gxy[i] = g[i] * w[i]` (the gradient of both `x` and `y`) and
-        /// `gw[i] = g[i] * (x[i] + y[i])`.
-        ///
-        /// Thread mapping as for the `add` kernel of this family.
-        ///
-        /// # Safety
-        /// All six pointers are valid for `n` elements and aligned to the element type; each of
-        /// `gxy` and `gw` is exactly one input or overlaps no input, and they do not overlap each
-        /// other.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $add_mul_bwd(
-            g: *const $elem,
-            x: *const $elem,
-            y: *const $elem,
-            w: *const $elem,
-            gxy: *mut $elem,
-            gw: *mut $elem,
-            n: u64,
-        ) {
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe {
-                crate::device::elementwise::map_elementwise::<$elem, 4, 2>(
-                    [g, x, y, w],
-                    [gxy, gw],
-                    n,
-                    |[g, x, y, w]| [g * w, g * (x + y)],
-                )
+        crate::kernel! {
+            /// `out[i] = a[i] + b[i]` for `i < n`.
+            ///
+            /// Threads map to 16-byte packs in grid-stride order, scalar for the tail or when any
+            /// pointer is not 16-byte aligned; any grid size is correct.
+            ///
+            /// # Safety
+            /// `a`, `b` and `out` are valid for `n` elements and aligned to the element type; `out`
+            /// is either exactly `a` or `b`, or overlaps neither.
+            pub unsafe fn $add(
+                a: *const [$elem; n],
+                b: *const [$elem; n],
+                #[in_place] out: *mut [$elem; n],
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a + b]) }
             }
         }
 
-        /// The backward of `z = (x + y) * w` when the upstream gradient is `g` in every element
-        /// (the gradient of a `sum` or `mean`): `gxy[i] = g * w[i]` and `gw[i] = g * (x[i] + y[i])`,
-        /// without reading a gradient tensor.
-        ///
-        /// Thread mapping as for the `add` kernel of this family.
-        ///
-        /// # Safety
-        /// All five pointers are valid for `n` elements and aligned to the element type; each of
-        /// `gxy` and `gw` is exactly one input or overlaps no input, and they do not overlap each
-        /// other.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $add_mul_bwd_uniform(
-            x: *const $elem,
-            y: *const $elem,
-            w: *const $elem,
-            gxy: *mut $elem,
-            gw: *mut $elem,
-            g: f32,
-            n: u64,
-        ) {
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe {
-                crate::device::elementwise::map_elementwise::<$elem, 3, 2>(
-                    [x, y, w],
-                    [gxy, gw],
-                    n,
-                    |[x, y, w]| [g * w, g * (x + y)],
-                )
+        crate::kernel! {
+            /// `out[i] = a[i] - b[i]` for `i < n`.
+            ///
+            /// Thread mapping as for the `add` kernel of this family.
+            ///
+            /// # Safety
+            /// As for `add`: `a`, `b` and `out` are valid for `n` elements and aligned to the element
+            /// type; `out` is either exactly `a` or `b`, or overlaps neither.
+            pub unsafe fn $sub(
+                a: *const [$elem; n],
+                b: *const [$elem; n],
+                #[in_place] out: *mut [$elem; n],
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a - b]) }
+            }
+        }
+
+        crate::kernel! {
+            /// `out[i] = x[i] * alpha + beta` for `i < n`, one rounding in f32 (`fma.rn.f32`): negation,
+            /// scaling and shifting by a scalar.
+            ///
+            /// Thread mapping as for the `add` kernel of this family.
+            ///
+            /// # Safety
+            /// `x` and `out` are valid for `n` elements and aligned to the element type; `out` is
+            /// either exactly `x` or does not overlap it.
+            pub unsafe fn $affine(
+                x: *const [$elem; n],
+                #[in_place] out: *mut [$elem; n],
+                alpha: f32,
+                beta: f32,
+                n: u64,
+            ) {
+                use crate::device::math::fma;
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { crate::device::elementwise::map_elementwise::<$elem, 1, 1>([x], [out], n, |[x]| [fma(x, alpha, beta)]) }
+            }
+        }
+
+        crate::kernel! {
+            /// `out[i] = a[i] * b[i]` for `i < n`.
+            ///
+            /// Thread mapping as for the `add` kernel of this family.
+            ///
+            /// # Safety
+            /// As for `add`: `a`, `b` and `out` are valid for `n` elements and aligned to the element
+            /// type; `out` is either exactly `a` or `b`, or overlaps neither.
+            pub unsafe fn $mul(
+                a: *const [$elem; n],
+                b: *const [$elem; n],
+                #[in_place] out: *mut [$elem; n],
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a * b]) }
+            }
+        }
+
+        crate::kernel! {
+            /// `d[i] = a[i] * b[i] + c[i]` for `i < n`, with one rounding in f32 (`fma.rn.f32`),
+            /// then one rounding to the storage dtype.
+            ///
+            /// Thread mapping as for the `add` kernel of this family.
+            ///
+            /// # Safety
+            /// `a`, `b`, `c` and `d` are valid for `n` elements and aligned to the element type; `d`
+            /// is either exactly one of the inputs or overlaps none of them.
+            pub unsafe fn $fma(
+                a: *const [$elem; n],
+                b: *const [$elem; n],
+                c: *const [$elem; n],
+                #[in_place] d: *mut [$elem; n],
+                n: u64,
+            ) {
+                use crate::device::math::fma;
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { crate::device::elementwise::map_elementwise::<$elem, 3, 1>([a, b, c], [d], n, |[a, b, c]| [fma(a, b, c)]) }
+            }
+        }
+
+        crate::kernel! {
+            /// `z[i] = (x[i] + y[i]) * w[i]` for `i < n`, in f32 with the sum rounded to f32.
+            ///
+            /// Thread mapping as for the `add` kernel of this family.
+            ///
+            /// # Safety
+            /// `x`, `y`, `w` and `z` are valid for `n` elements and aligned to the element type; `z`
+            /// is either exactly one of the inputs or overlaps none of them.
+            pub unsafe fn $add_mul(
+                x: *const [$elem; n],
+                y: *const [$elem; n],
+                w: *const [$elem; n],
+                #[in_place] z: *mut [$elem; n],
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { crate::device::elementwise::map_elementwise::<$elem, 3, 1>([x, y, w], [z], n, |[x, y, w]| [(x + y) * w]) }
+            }
+        }
+
+        crate::kernel! {
+            /// The backward of `z = (x + y) * w` for an upstream gradient `g`, in one pass:
+            /// `gxy[i] = g[i] * w[i]` (the gradient of both `x` and `y`) and
+            /// `gw[i] = g[i] * (x[i] + y[i])`.
+            ///
+            /// Thread mapping as for the `add` kernel of this family.
+            ///
+            /// # Safety
+            /// All six pointers are valid for `n` elements and aligned to the element type; each of
+            /// `gxy` and `gw` is exactly one input or overlaps no input, and they do not overlap each
+            /// other.
+            pub unsafe fn $add_mul_bwd(
+                g: *const [$elem; n],
+                x: *const [$elem; n],
+                y: *const [$elem; n],
+                w: *const [$elem; n],
+                #[in_place] gxy: *mut [$elem; n],
+                #[in_place] gw: *mut [$elem; n],
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe {
+                    crate::device::elementwise::map_elementwise::<$elem, 4, 2>(
+                        [g, x, y, w],
+                        [gxy, gw],
+                        n,
+                        |[g, x, y, w]| [g * w, g * (x + y)],
+                    )
+                }
+            }
+        }
+
+        crate::kernel! {
+            /// The backward of `z = (x + y) * w` when the upstream gradient is `g` in every element
+            /// (the gradient of a `sum` or `mean`): `gxy[i] = g * w[i]` and `gw[i] = g * (x[i] + y[i])`,
+            /// without reading a gradient tensor.
+            ///
+            /// Thread mapping as for the `add` kernel of this family.
+            ///
+            /// # Safety
+            /// All five pointers are valid for `n` elements and aligned to the element type; each of
+            /// `gxy` and `gw` is exactly one input or overlaps no input, and they do not overlap each
+            /// other.
+            pub unsafe fn $add_mul_bwd_uniform(
+                x: *const [$elem; n],
+                y: *const [$elem; n],
+                w: *const [$elem; n],
+                #[in_place] gxy: *mut [$elem; n],
+                #[in_place] gw: *mut [$elem; n],
+                g: f32,
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe {
+                    crate::device::elementwise::map_elementwise::<$elem, 3, 2>(
+                        [x, y, w],
+                        [gxy, gw],
+                        n,
+                        |[x, y, w]| [g * w, g * (x + y)],
+                    )
+                }
             }
         }
     };
@@ -202,7 +236,7 @@ elementwise_family! {
 
 elementwise_family! {
     /// The elementwise kernels for f16 tensors (arithmetic in f32).
-    F16, crate::device::element::F16, {
+    F16, crate::dtype::F16, {
         add: add_f16,
         sub: sub_f16,
         mul: mul_f16,
@@ -216,7 +250,7 @@ elementwise_family! {
 
 elementwise_family! {
     /// The elementwise kernels for bf16 tensors (arithmetic in f32).
-    BF16, crate::device::element::Bf16, {
+    BF16, crate::dtype::Bf16, {
         add: add_bf16,
         sub: sub_bf16,
         mul: mul_bf16,

@@ -17,7 +17,7 @@
 //! ```
 //! use opsmith_kernels::names;
 //! // The host launches kernels by these names, which the kernels' own macro generated.
-//! assert_eq!(names::F32.fused_mul_add, "fused_mul_add_f32");
+//! assert_eq!(names::F32.fused_mul_add.name(), "fused_mul_add_f32");
 //! assert_eq!(names::reduction::BF16.sum_rows, "sum_rows_bf16");
 //! ```
 #![no_std]
@@ -35,11 +35,14 @@ extern crate std;
 // A kernel family's module holds its name table (host and device) and its kernels (nvptx64
 // only). A PTX build compiles only the families its cargo features name, so each family
 // becomes a module of its own that the host loads on first use; the host build has them all.
-#[cfg(any(not(target_arch = "nvptx64"), feature = "activation"))]
+// The activation formulas are part of the device-side std (a kernel crate's fused op may call
+// `activation::gelu`); the module's kernels are gated on the feature inside it.
 pub mod activation;
 pub mod convert;
+pub mod decl;
 #[cfg(target_arch = "nvptx64")]
 pub mod device;
+pub mod dtype;
 #[cfg(any(not(target_arch = "nvptx64"), feature = "elementwise"))]
 mod elementwise;
 #[cfg(any(not(target_arch = "nvptx64"), feature = "loss"))]

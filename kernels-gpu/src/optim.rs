@@ -98,126 +98,127 @@ macro_rules! optimizer_family {
         }
     ) => {
         $(#[$table_doc])*
+        #[cfg(not(target_arch = "nvptx64"))]
         pub const $table: OptimizerKernels = OptimizerKernels {
-            sgd: stringify!($sgd),
-            sgd_momentum: stringify!($sgd_momentum),
-            adam: stringify!($adam),
+            sgd: $sgd,
+            sgd_momentum: $sgd_momentum,
+            adam: $adam,
         };
 
-        /// Plain SGD: `param_out[i] = param[i] − lr (grad[i] + weight_decay param[i])` for
-        /// `i < n`, in f32 with FMAs.
-        ///
-        /// Threads map to 16-byte packs in grid-stride order, scalar for the tail or when a
-        /// pointer is not 16-byte aligned; any grid size is correct.
-        ///
-        /// # Safety
-        /// Every pointer is valid for `n` elements and aligned to the element type;
-        /// `param_out` is exactly `param` (the in-place update) or `grad`, or overlaps neither.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $sgd(
-            param: *const $elem,
-            grad: *const $elem,
-            param_out: *mut $elem,
-            lr: f32,
-            weight_decay: f32,
-            n: u64,
-        ) {
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe {
-                crate::device::elementwise::map_elementwise::<$elem, 2, 1>([param, grad], [param_out], n, |[p, g]| {
-                    [sgd(p, g, lr, weight_decay)]
-                })
+        crate::kernel! {
+            /// Plain SGD: `param_out[i] = param[i] − lr (grad[i] + weight_decay param[i])` for
+            /// `i < n`, in f32 with FMAs.
+            ///
+            /// Threads map to 16-byte packs in grid-stride order, scalar for the tail or when a
+            /// pointer is not 16-byte aligned; any grid size is correct.
+            ///
+            /// # Safety
+            /// Every pointer is valid for `n` elements and aligned to the element type;
+            /// `param_out` is exactly `param` (the in-place update) or `grad`, or overlaps neither.
+            pub unsafe fn $sgd(
+                param: *const [$elem; n],
+                grad: *const [$elem; n],
+                #[in_place] param_out: *mut [$elem; n],
+                lr: f32,
+                weight_decay: f32,
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe {
+                    crate::device::elementwise::map_elementwise::<$elem, 2, 1>([param, grad], [param_out], n, |[p, g]| {
+                        [sgd(p, g, lr, weight_decay)]
+                    })
+                }
             }
         }
 
-        /// SGD with momentum: `buf_out = momentum buf + (grad + weight_decay param)` and
-        /// `param_out = param − lr buf_out`, elementwise for `i < n`, in f32 with FMAs.
-        ///
-        /// Thread mapping as for the plain SGD kernel of this family.
-        ///
-        /// # Safety
-        /// Every pointer is valid for `n` elements and aligned to the element type; each output
-        /// is exactly one input (in place: `param_out` is `param`, `buf_out` is `buf`) or
-        /// overlaps none, and the outputs do not overlap each other.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $sgd_momentum(
-            param: *const $elem,
-            grad: *const $elem,
-            buf: *const $elem,
-            param_out: *mut $elem,
-            buf_out: *mut $elem,
-            lr: f32,
-            momentum: f32,
-            weight_decay: f32,
-            n: u64,
-        ) {
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe {
-                crate::device::elementwise::map_elementwise::<$elem, 3, 2>(
-                    [param, grad, buf],
-                    [param_out, buf_out],
-                    n,
-                    |[p, g, b]| {
-                        let (p, b) = sgd_momentum(p, g, b, lr, momentum, weight_decay);
-                        [p, b]
-                    },
-                )
+        crate::kernel! {
+            /// SGD with momentum: `buf_out = momentum buf + (grad + weight_decay param)` and
+            /// `param_out = param − lr buf_out`, elementwise for `i < n`, in f32 with FMAs.
+            ///
+            /// Thread mapping as for the plain SGD kernel of this family.
+            ///
+            /// # Safety
+            /// Every pointer is valid for `n` elements and aligned to the element type; each output
+            /// is exactly one input (in place: `param_out` is `param`, `buf_out` is `buf`) or
+            /// overlaps none, and the outputs do not overlap each other.
+            pub unsafe fn $sgd_momentum(
+                param: *const [$elem; n],
+                grad: *const [$elem; n],
+                buf: *const [$elem; n],
+                #[in_place] param_out: *mut [$elem; n],
+                #[in_place] buf_out: *mut [$elem; n],
+                lr: f32,
+                momentum: f32,
+                weight_decay: f32,
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe {
+                    crate::device::elementwise::map_elementwise::<$elem, 3, 2>(
+                        [param, grad, buf],
+                        [param_out, buf_out],
+                        n,
+                        |[p, g, b]| {
+                            let (p, b) = sgd_momentum(p, g, b, lr, momentum, weight_decay);
+                            [p, b]
+                        },
+                    )
+                }
             }
         }
 
-        /// Adam (AdamW) in one pass: reads `param`, `grad`, `m`, `v` and writes the updated
-        /// parameter and moments (see [`adam`]), elementwise for `i < n`, in f32. The scalars are
-        /// [`AdamCoefficients`] in field order.
-        ///
-        /// Thread mapping as for the plain SGD kernel of this family.
-        ///
-        /// # Safety
-        /// Every pointer is valid for `n` elements and aligned to the element type; each output
-        /// is exactly one input (in place: `param_out` is `param`, `m_out` is `m`, `v_out` is
-        /// `v`) or overlaps none, and the outputs do not overlap each other.
-        #[cfg(target_arch = "nvptx64")]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $adam(
-            param: *const $elem,
-            grad: *const $elem,
-            m: *const $elem,
-            v: *const $elem,
-            param_out: *mut $elem,
-            m_out: *mut $elem,
-            v_out: *mut $elem,
-            beta1: f32,
-            one_minus_beta1: f32,
-            beta2: f32,
-            one_minus_beta2: f32,
-            eps: f32,
-            lr_weight_decay: f32,
-            step_size: f32,
-            inv_sqrt_bias2: f32,
-            n: u64,
-        ) {
-            let c = AdamCoefficients {
-                beta1,
-                one_minus_beta1,
-                beta2,
-                one_minus_beta2,
-                eps,
-                lr_weight_decay,
-                step_size,
-                inv_sqrt_bias2,
-            };
-            // SAFETY: forwarded from this kernel's contract.
-            unsafe {
-                crate::device::elementwise::map_elementwise::<$elem, 4, 3>(
-                    [param, grad, m, v],
-                    [param_out, m_out, v_out],
-                    n,
-                    |[p, g, m, v]| {
-                        let (p, m, v) = adam(p, g, m, v, &c);
-                        [p, m, v]
-                    },
-                )
+        crate::kernel! {
+            /// Adam (AdamW) in one pass: reads `param`, `grad`, `m`, `v` and writes the updated
+            /// parameter and moments (see [`adam`]), elementwise for `i < n`, in f32. The scalars are
+            /// [`AdamCoefficients`] in field order.
+            ///
+            /// Thread mapping as for the plain SGD kernel of this family.
+            ///
+            /// # Safety
+            /// Every pointer is valid for `n` elements and aligned to the element type; each output
+            /// is exactly one input (in place: `param_out` is `param`, `m_out` is `m`, `v_out` is
+            /// `v`) or overlaps none, and the outputs do not overlap each other.
+            pub unsafe fn $adam(
+                param: *const [$elem; n],
+                grad: *const [$elem; n],
+                m: *const [$elem; n],
+                v: *const [$elem; n],
+                #[in_place] param_out: *mut [$elem; n],
+                #[in_place] m_out: *mut [$elem; n],
+                #[in_place] v_out: *mut [$elem; n],
+                beta1: f32,
+                one_minus_beta1: f32,
+                beta2: f32,
+                one_minus_beta2: f32,
+                eps: f32,
+                lr_weight_decay: f32,
+                step_size: f32,
+                inv_sqrt_bias2: f32,
+                n: u64,
+            ) {
+                let c = AdamCoefficients {
+                    beta1,
+                    one_minus_beta1,
+                    beta2,
+                    one_minus_beta2,
+                    eps,
+                    lr_weight_decay,
+                    step_size,
+                    inv_sqrt_bias2,
+                };
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe {
+                    crate::device::elementwise::map_elementwise::<$elem, 4, 3>(
+                        [param, grad, m, v],
+                        [param_out, m_out, v_out],
+                        n,
+                        |[p, g, m, v]| {
+                            let (p, m, v) = adam(p, g, m, v, &c);
+                            [p, m, v]
+                        },
+                    )
+                }
             }
         }
     };

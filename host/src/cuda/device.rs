@@ -36,6 +36,8 @@ struct Inner {
     families: [OnceLock<LoadedFamily>; Family::ALL.len()],
     /// Small freed blocks of the default stream, reused without a driver call.
     blocks: BlockCache,
+    /// Modules of kernel crates ([`KernelCrate`](super::KernelCrate)), by name and PTX address.
+    user_modules: Mutex<Vec<(&'static str, usize, Arc<KernelModule>)>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -164,6 +166,7 @@ impl CudaDevice {
             max_threads_per_sm,
             families: Default::default(),
             blocks: BlockCache::default(),
+            user_modules: Mutex::new(Vec::new()),
         })))
     }
 
@@ -332,7 +335,7 @@ impl CudaDevice {
     /// # fn main() -> opsmith_host::Result<()> {
     /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
     /// use opsmith_host::cuda::CudaDevice;
-    /// let add = CudaDevice::get(0)?.kernel(opsmith_kernels::names::F32.add)?;
+    /// let add = CudaDevice::get(0)?.kernel(opsmith_kernels::names::F32.add.name())?;
     /// assert_eq!(add.name(), "add_f32");
     /// # Ok(()) }
     /// ```
@@ -365,6 +368,21 @@ impl CudaDevice {
         let loaded = self.load_family(family)?;
         // Another thread may have won the race; either module is equivalent.
         Ok(&slot.get_or_init(|| loaded).module)
+    }
+
+    /// A kernel crate's module, loaded from `ptx` on the first call for this `(name, ptx)` and
+    /// kept for the life of the device's context.
+    pub(crate) fn user_module(&self, name: &'static str, ptx: &'static str) -> Result<Arc<KernelModule>> {
+        let key = ptx.as_ptr() as usize;
+        let mut modules = self.0.user_modules.lock();
+        if let Some((_, _, module)) = modules.iter().find(|(n, k, _)| *n == name && *k == key) {
+            return Ok(module.clone());
+        }
+        // Loading under the lock makes a second thread wait for this load instead of repeating
+        // the driver's PTX compilation.
+        let module = Arc::new(KernelModule::from_ptx(&self.device(), name, ptx)?);
+        modules.push((name, key, module.clone()));
+        Ok(module)
     }
 
     /// The kernel families loaded on this device so far: which image each came from and how

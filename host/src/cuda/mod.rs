@@ -5,7 +5,9 @@
 //! * [`Stream`] and [`Event`]: ordering and timing; ops run on the device's current stream.
 //! * [`KernelModule`] and [`Kernel`]: kernel modules, opsmith's own ([`prebuilt`]: PTX and
 //!   cubins per kernel family, loaded on first use) or third-party PTX and cubins.
-//! * [`LaunchConfig`]: checked launch geometry.
+//! * [`launch`] and [`KernelCrate`]: typed, checked launches of kernels declared with
+//!   `opsmith_kernels::kernel!` (opsmith's own, or a kernel crate's PTX).
+//! * [`LaunchConfig`] and [`Grid`]: checked launch geometry.
 //! * [`can_access_peer`]: whether two GPUs of this host reach each other's memory directly.
 //! * [`time_runs`]: event-timed medians of GPU work, for benchmarks.
 //! * `require_cublas` (with the `cublas` feature): whether cuBLAS (which `ops::matmul` uses)
@@ -38,6 +40,7 @@ pub mod prebuilt;
 mod stream;
 pub(crate) mod stream_order;
 mod timing;
+mod typed_launch;
 
 #[cfg(feature = "cublas")]
 pub use blas::{cublas_available, cublas_handles, require_cublas};
@@ -47,6 +50,7 @@ pub use module::{Kernel, KernelModule};
 pub use peer::can_access_peer;
 pub use stream::{Event, Stream, StreamGuard};
 pub use timing::{Timings, time_runs};
+pub use typed_launch::{Grid, KernelCrate, KernelParam, KernelParams, launch};
 
 use crate::{Error, Result};
 use std::sync::OnceLock;

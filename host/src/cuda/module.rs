@@ -172,7 +172,7 @@ impl KernelModule {
     /// use opsmith_host::{Error, cuda::CudaDevice};
     /// let dev = CudaDevice::get(0)?;
     /// let module = dev.module(opsmith_kernels::Family::Elementwise)?;
-    /// let fma = module.kernel(opsmith_kernels::names::F16.fused_mul_add)?;
+    /// let fma = module.kernel(opsmith_kernels::names::F16.fused_mul_add.name())?;
     /// assert_eq!(fma.name(), "fused_mul_add_f16");
     /// assert!(matches!(module.kernel("no_such_kernel"), Err(Error::KernelNotFound { .. })));
     /// # Ok(()) }
@@ -293,6 +293,11 @@ impl Kernel {
     /// reported here. Tensor arguments become device pointers to their first element, ordered
     /// after earlier writes on other streams.
     ///
+    /// This is the untyped path, for PTX that comes with no declaration (from nvcc, Triton, a
+    /// file). A kernel written with `opsmith_kernels::kernel!` has one: launch it through
+    /// [`KernelCrate::launch`](super::KernelCrate::launch) or [`launch`](super::launch), which
+    /// check all of the below and need no `unsafe`.
+    ///
     /// # Safety
     /// What opsmith cannot check: that `args` match the kernel's parameter list in number, order
     /// and width, that the kernel stays inside each tensor's elements, and that it writes only
@@ -304,7 +309,7 @@ impl Kernel {
     /// use opsmith_host::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, LaunchConfig};
     /// use opsmith_host::{DType, Tensor};
     /// let dev = CudaDevice::get(0)?;
-    /// let kernel = dev.kernel(opsmith_kernels::names::F32.fused_mul_add)?;
+    /// let kernel = dev.kernel(opsmith_kernels::names::F32.fused_mul_add.name())?;
     /// let n = 10_000;
     /// let a = Tensor::from_vec((0..n).map(|i| i as f32).collect(), [n], dev.device())?;
     /// let d = Tensor::full(f64::NAN, [n], DType::F32, dev.device())?;

@@ -11,43 +11,57 @@
 //! At ±inf gelu and silu return their limits (+inf and −0; the derivatives 1 and 0) rather than
 //! the NaN of `inf · 0`; NaN gives NaN, except that `relu_backward` passes no gradient where x is
 //! NaN (`x > 0` is false there, as in PyTorch).
-use super::{Elementwise, run, run_new};
+#[cfg(feature = "cuda")]
+use super::cuda::Launch;
+use super::elementwise::{ElementwiseOp, run, run_new};
+use crate::dtype::Accumulator;
 use crate::{Result, Tensor};
+use opsmith_kernels::activation as formula;
 
-/// The activation functions with a kernel and a fused backward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Activation {
-    Relu,
-    Gelu,
-    Silu,
-}
+/// The descriptors of an activation and of its backward: the formulas of
+/// `opsmith_kernels::activation` and the kernels of the same names.
+macro_rules! activation_ops {
+    ($($forward:ident $backward:ident: $f:ident, $f_backward:ident;)*) => {$(
+        #[derive(Clone, Copy)]
+        struct $forward;
 
-impl Activation {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Activation::Relu => "relu",
-            Activation::Gelu => "gelu",
-            Activation::Silu => "silu",
+        impl ElementwiseOp<1, 1> for $forward {
+            fn name(&self) -> &'static str {
+                stringify!($f)
+            }
+            #[inline(always)]
+            fn compute<A: Accumulator>(&self, [x]: [A; 1]) -> [A; 1] {
+                [formula::$f(x)]
+            }
+            #[cfg(feature = "cuda")]
+            fn launch(&self, on: Launch, [x]: [&Tensor; 1], [out]: [&Tensor; 1]) -> Result<()> {
+                on.run(on.activation()?.$f, (x, out, on.n))
+            }
         }
-    }
 
-    pub(crate) fn backward_name(self) -> &'static str {
-        match self {
-            Activation::Relu => "relu_backward",
-            Activation::Gelu => "gelu_backward",
-            Activation::Silu => "silu_backward",
+        #[derive(Clone, Copy)]
+        struct $backward;
+
+        impl ElementwiseOp<2, 1> for $backward {
+            fn name(&self) -> &'static str {
+                stringify!($f_backward)
+            }
+            #[inline(always)]
+            fn compute<A: Accumulator>(&self, [g, x]: [A; 2]) -> [A; 1] {
+                [formula::$f_backward(g, x)]
+            }
+            #[cfg(feature = "cuda")]
+            fn launch(&self, on: Launch, [g, x]: [&Tensor; 2], [gx]: [&Tensor; 1]) -> Result<()> {
+                on.run(on.activation()?.$f_backward, (g, x, gx, on.n))
+            }
         }
-    }
+    )*};
 }
 
-fn forward(f: Activation, x: &Tensor) -> Result<Tensor> {
-    let [out] = run_new(Elementwise::Activation(f), &[x])?;
-    Ok(out)
-}
-
-fn backward(f: Activation, g: &Tensor, x: &Tensor) -> Result<Tensor> {
-    let [gx] = run_new(Elementwise::ActivationBackward(f), &[g, x])?;
-    Ok(gx)
+activation_ops! {
+    Relu ReluBackward: relu, relu_backward;
+    Gelu GeluBackward: gelu, gelu_backward;
+    Silu SiluBackward: silu, silu_backward;
 }
 
 /// `max(x, 0)` elementwise; `relu(−0) = +0`, and NaN stays NaN.
@@ -60,12 +74,13 @@ fn backward(f: Activation, g: &Tensor, x: &Tensor) -> Result<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn relu(x: &Tensor) -> Result<Tensor> {
-    forward(Activation::Relu, x)
+    let [out] = run_new(Relu, [x])?;
+    Ok(out)
 }
 
 /// `out = relu(x)`, into an existing tensor (`out` may be `x` itself).
 pub fn relu_into(x: &Tensor, out: &Tensor) -> Result<()> {
-    run(Elementwise::Activation(Activation::Relu), &[x], &[out])
+    run(Relu, [x], [out])
 }
 
 /// The backward of [`relu`]: `g` where `x > 0`, else 0 (also where `x` is NaN).
@@ -79,12 +94,13 @@ pub fn relu_into(x: &Tensor, out: &Tensor) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn relu_backward(g: &Tensor, x: &Tensor) -> Result<Tensor> {
-    backward(Activation::Relu, g, x)
+    let [gx] = run_new(ReluBackward, [g, x])?;
+    Ok(gx)
 }
 
 /// `gx = relu_backward(g, x)`, into an existing tensor (`gx` may be `g` or `x` itself).
 pub fn relu_backward_into(g: &Tensor, x: &Tensor, gx: &Tensor) -> Result<()> {
-    run(Elementwise::ActivationBackward(Activation::Relu), &[g, x], &[gx])
+    run(ReluBackward, [g, x], [gx])
 }
 
 /// gelu, tanh form: `0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))`.
@@ -105,12 +121,13 @@ pub fn relu_backward_into(g: &Tensor, x: &Tensor, gx: &Tensor) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
-    forward(Activation::Gelu, x)
+    let [out] = run_new(Gelu, [x])?;
+    Ok(out)
 }
 
 /// `out = gelu(x)`, into an existing tensor (`out` may be `x` itself).
 pub fn gelu_into(x: &Tensor, out: &Tensor) -> Result<()> {
-    run(Elementwise::Activation(Activation::Gelu), &[x], &[out])
+    run(Gelu, [x], [out])
 }
 
 /// The backward of [`gelu`] in one pass: `g · gelu'(x)`.
@@ -124,12 +141,13 @@ pub fn gelu_into(x: &Tensor, out: &Tensor) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn gelu_backward(g: &Tensor, x: &Tensor) -> Result<Tensor> {
-    backward(Activation::Gelu, g, x)
+    let [gx] = run_new(GeluBackward, [g, x])?;
+    Ok(gx)
 }
 
 /// `gx = gelu_backward(g, x)`, into an existing tensor (`gx` may be `g` or `x` itself).
 pub fn gelu_backward_into(g: &Tensor, x: &Tensor, gx: &Tensor) -> Result<()> {
-    run(Elementwise::ActivationBackward(Activation::Gelu), &[g, x], &[gx])
+    run(GeluBackward, [g, x], [gx])
 }
 
 /// silu (swish): `x · σ(x)`. On CUDA the exponential is within a few ulps, so results can
@@ -146,12 +164,13 @@ pub fn gelu_backward_into(g: &Tensor, x: &Tensor, gx: &Tensor) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn silu(x: &Tensor) -> Result<Tensor> {
-    forward(Activation::Silu, x)
+    let [out] = run_new(Silu, [x])?;
+    Ok(out)
 }
 
 /// `out = silu(x)`, into an existing tensor (`out` may be `x` itself).
 pub fn silu_into(x: &Tensor, out: &Tensor) -> Result<()> {
-    run(Elementwise::Activation(Activation::Silu), &[x], &[out])
+    run(Silu, [x], [out])
 }
 
 /// The backward of [`silu`] in one pass: `g · σ(x) · (1 + x · (1 − σ(x)))`.
@@ -165,10 +184,11 @@ pub fn silu_into(x: &Tensor, out: &Tensor) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn silu_backward(g: &Tensor, x: &Tensor) -> Result<Tensor> {
-    backward(Activation::Silu, g, x)
+    let [gx] = run_new(SiluBackward, [g, x])?;
+    Ok(gx)
 }
 
 /// `gx = silu_backward(g, x)`, into an existing tensor (`gx` may be `g` or `x` itself).
 pub fn silu_backward_into(g: &Tensor, x: &Tensor, gx: &Tensor) -> Result<()> {
-    run(Elementwise::ActivationBackward(Activation::Silu), &[g, x], &[gx])
+    run(SiluBackward, [g, x], [gx])
 }

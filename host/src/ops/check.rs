@@ -1,6 +1,5 @@
 //! Small reusable operand checks. Each returns the typed error naming the op and the offending
 //! value; callers chain them with `?`.
-use super::Elementwise;
 use crate::{Error, Result, Tensor};
 use std::sync::Arc;
 
@@ -42,7 +41,7 @@ pub(crate) fn overlaps(a: &Tensor, b: &Tensor) -> bool {
     Arc::ptr_eq(&a.storage, &b.storage) && a.offset < b.offset + b.elem_count() && b.offset < a.offset + a.elem_count()
 }
 
-fn identical(a: &Tensor, b: &Tensor) -> bool {
+pub(crate) fn identical(a: &Tensor, b: &Tensor) -> bool {
     Arc::ptr_eq(&a.storage, &b.storage) && a.offset == b.offset && a.elem_count() == b.elem_count()
 }
 
@@ -58,17 +57,10 @@ pub(crate) fn no_partial_overlap(op: &'static str, inputs: &[&Tensor], outputs: 
     Ok(())
 }
 
-/// The full check of an elementwise op: arity, then one device, dtype and shape for every
-/// operand, then aliasing.
-pub(crate) fn elementwise(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
-    let (n_in, n_out) = op.arity();
-    if inputs.len() != n_in || !(outputs.is_empty() || outputs.len() == n_out) {
-        return Err(Error::InvalidArgument {
-            op: op.name(),
-            reason: format!("takes {n_in} inputs and {n_out} outputs, got {} and {}", inputs.len(), outputs.len()),
-        });
-    }
+/// The full check of an elementwise op: one device, dtype and shape for every operand, then
+/// aliasing.
+pub(crate) fn elementwise(op: &'static str, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
     let all: smallvec::SmallVec<[&Tensor; 8]> = inputs.iter().chain(outputs).copied().collect();
-    same_layout(op.name(), &all)?;
-    no_partial_overlap(op.name(), inputs, outputs)
+    same_layout(op, &all)?;
+    no_partial_overlap(op, inputs, outputs)
 }

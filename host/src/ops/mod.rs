@@ -32,6 +32,7 @@ pub(crate) mod check;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod elementwise;
 mod loss;
 mod matmul;
 mod optim;
@@ -48,101 +49,8 @@ pub use optim::{AdamStep, SgdStep, adam_step, sgd_step};
 pub use reduce::{add_row, expand_scalar, mean, sum, sum_rows};
 pub use softmax::{softmax, softmax_backward};
 
-use activation::Activation;
-
-#[cfg(not(feature = "cuda"))]
-use crate::Error;
-use crate::{Device, Result, Tensor};
-
-/// The elementwise operations, each of which is one kernel on CUDA and one pass on the CPU.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Elementwise {
-    Add,
-    Sub,
-    Mul,
-    /// `x * alpha + beta`.
-    Affine {
-        alpha: f64,
-        beta: f64,
-    },
-    FusedMulAdd,
-    AddMul,
-    AddMulBackward,
-    /// `add_mul`'s backward for a gradient that is `g` everywhere: inputs `[x, y, w]`.
-    AddMulBackwardUniform {
-        g: f64,
-    },
-    /// `out = f(x)`.
-    Activation(Activation),
-    /// `gx = g · f'(x)`, inputs `[g, x]`.
-    ActivationBackward(Activation),
-    /// In place: inputs `[param, grad]` and outputs `[param]`, or with momentum inputs
-    /// `[param, grad, buf]` and outputs `[param, buf]`.
-    Sgd(SgdStep),
-    /// In place: inputs `[param, grad, m, v]`, outputs `[param, m, v]`.
-    Adam(AdamStep),
-}
-
-impl Elementwise {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Elementwise::Add => "add",
-            Elementwise::Sub => "sub",
-            Elementwise::Mul => "mul",
-            Elementwise::Affine { .. } => "affine",
-            Elementwise::FusedMulAdd => "fused_mul_add",
-            Elementwise::AddMul => "add_mul",
-            Elementwise::AddMulBackward => "add_mul_backward",
-            Elementwise::AddMulBackwardUniform { .. } => "add_mul_backward_uniform",
-            Elementwise::Activation(a) => a.name(),
-            Elementwise::ActivationBackward(a) => a.backward_name(),
-            Elementwise::Sgd(_) => "sgd_step",
-            Elementwise::Adam(_) => "adam_step",
-        }
-    }
-
-    /// (inputs, outputs).
-    pub(crate) fn arity(self) -> (usize, usize) {
-        match self {
-            Elementwise::Affine { .. } | Elementwise::Activation(_) => (1, 1),
-            Elementwise::Add | Elementwise::Sub | Elementwise::Mul | Elementwise::ActivationBackward(_) => (2, 1),
-            Elementwise::FusedMulAdd | Elementwise::AddMul => (3, 1),
-            Elementwise::AddMulBackward => (4, 2),
-            Elementwise::AddMulBackwardUniform { .. } => (3, 2),
-            Elementwise::Sgd(step) if step.uses_buffer() => (3, 2),
-            Elementwise::Sgd(_) => (2, 1),
-            Elementwise::Adam(_) => (4, 3),
-        }
-    }
-}
-
-fn run(op: Elementwise, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
-    check::elementwise(op, inputs, outputs)?;
-    match inputs[0].device() {
-        Device::Cpu => cpu::elementwise(op, inputs, outputs),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::elementwise(op, inputs, outputs),
-        #[cfg(not(feature = "cuda"))]
-        device @ Device::Cuda(_) => Err(Error::cuda_disabled(op.name(), device)),
-    }
-}
-
-fn run_new<const O: usize>(op: Elementwise, inputs: &[&Tensor]) -> Result<[Tensor; O]> {
-    check::elementwise(op, inputs, &[])?;
-    let first = inputs[0];
-    let outputs: [Tensor; O] = {
-        let mut v = Vec::with_capacity(O);
-        for _ in 0..O {
-            v.push(Tensor::empty(first.shape().clone(), first.dtype(), first.device())?);
-        }
-        v.try_into().map_err(|_| crate::Error::InvalidArgument { op: op.name(), reason: "output count".into() })?
-    };
-    {
-        let refs: smallvec::SmallVec<[&Tensor; 3]> = outputs.iter().collect();
-        run(op, inputs, &refs)?;
-    }
-    Ok(outputs)
-}
+use crate::{Result, Tensor};
+use elementwise::{Add, AddMul, AddMulBackward, AddMulBackwardUniform, Affine, FusedMulAdd, Mul, Sub, run, run_new};
 
 /// `a + b`, elementwise.
 ///
@@ -154,7 +62,7 @@ fn run_new<const O: usize>(op: Elementwise, inputs: &[&Tensor]) -> Result<[Tenso
 /// # Ok(()) }
 /// ```
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [out] = run_new(Elementwise::Add, &[a, b])?;
+    let [out] = run_new(Add, [a, b])?;
     Ok(out)
 }
 
@@ -170,7 +78,7 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn add_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
-    run(Elementwise::Add, &[a, b], &[out])
+    run(Add, [a, b], [out])
 }
 
 /// `a - b`, elementwise.
@@ -184,7 +92,7 @@ pub fn add_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [out] = run_new(Elementwise::Sub, &[a, b])?;
+    let [out] = run_new(Sub, [a, b])?;
     Ok(out)
 }
 
@@ -200,7 +108,7 @@ pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn sub_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
-    run(Elementwise::Sub, &[a, b], &[out])
+    run(Sub, [a, b], [out])
 }
 
 /// `x * alpha + beta` elementwise, with one rounding (an FMA with scalar operands); `alpha` and
@@ -214,7 +122,7 @@ pub fn sub_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn affine(x: &Tensor, alpha: f64, beta: f64) -> Result<Tensor> {
-    let [out] = run_new(Elementwise::Affine { alpha, beta }, &[x])?;
+    let [out] = run_new(Affine { alpha, beta }, [x])?;
     Ok(out)
 }
 
@@ -230,7 +138,7 @@ pub fn affine(x: &Tensor, alpha: f64, beta: f64) -> Result<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn affine_into(x: &Tensor, alpha: f64, beta: f64, out: &Tensor) -> Result<()> {
-    run(Elementwise::Affine { alpha, beta }, &[x], &[out])
+    run(Affine { alpha, beta }, [x], [out])
 }
 
 /// `-x`.
@@ -286,7 +194,7 @@ pub fn add_scalar(x: &Tensor, beta: f64) -> Result<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [out] = run_new(Elementwise::Mul, &[a, b])?;
+    let [out] = run_new(Mul, [a, b])?;
     Ok(out)
 }
 
@@ -302,7 +210,7 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn mul_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
-    run(Elementwise::Mul, &[a, b], &[out])
+    run(Mul, [a, b], [out])
 }
 
 /// `d = a * b + c` in one pass, with a single rounding for the multiply-add (a true FMA).
@@ -320,7 +228,7 @@ pub fn mul_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn fused_mul_add(a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
-    let [out] = run_new(Elementwise::FusedMulAdd, &[a, b, c])?;
+    let [out] = run_new(FusedMulAdd, [a, b, c])?;
     Ok(out)
 }
 
@@ -341,7 +249,7 @@ pub fn fused_mul_add(a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn fused_mul_add_into(a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Result<()> {
-    run(Elementwise::FusedMulAdd, &[a, b, c], &[d])
+    run(FusedMulAdd, [a, b, c], [d])
 }
 
 /// `z = (x + y) * w` in one pass.
@@ -356,7 +264,7 @@ pub fn fused_mul_add_into(a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Res
 /// # Ok(()) }
 /// ```
 pub fn add_mul(x: &Tensor, y: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let [out] = run_new(Elementwise::AddMul, &[x, y, w])?;
+    let [out] = run_new(AddMul, [x, y, w])?;
     Ok(out)
 }
 
@@ -372,7 +280,7 @@ pub fn add_mul(x: &Tensor, y: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn add_mul_into(x: &Tensor, y: &Tensor, w: &Tensor, z: &Tensor) -> Result<()> {
-    run(Elementwise::AddMul, &[x, y, w], &[z])
+    run(AddMul, [x, y, w], [z])
 }
 
 /// The backward of `z = (x + y) * w` for the upstream gradient `g`, in one pass. Returns
@@ -388,7 +296,7 @@ pub fn add_mul_into(x: &Tensor, y: &Tensor, w: &Tensor, z: &Tensor) -> Result<()
 /// # Ok(()) }
 /// ```
 pub fn add_mul_backward(g: &Tensor, x: &Tensor, y: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
-    let [gxy, gw] = run_new(Elementwise::AddMulBackward, &[g, x, y, w])?;
+    let [gxy, gw] = run_new(AddMulBackward, [g, x, y, w])?;
     Ok((gxy, gw))
 }
 
@@ -406,7 +314,7 @@ pub fn add_mul_backward(g: &Tensor, x: &Tensor, y: &Tensor, w: &Tensor) -> Resul
 /// # Ok(()) }
 /// ```
 pub fn add_mul_backward_into(g: &Tensor, x: &Tensor, y: &Tensor, w: &Tensor, gxy: &Tensor, gw: &Tensor) -> Result<()> {
-    run(Elementwise::AddMulBackward, &[g, x, y, w], &[gxy, gw])
+    run(AddMulBackward, [g, x, y, w], [gxy, gw])
 }
 
 /// The backward of `z = (x + y) * w` when the upstream gradient is the scalar `g` in every
@@ -425,7 +333,7 @@ pub fn add_mul_backward_into(g: &Tensor, x: &Tensor, y: &Tensor, w: &Tensor, gxy
 /// # Ok(()) }
 /// ```
 pub fn add_mul_backward_uniform(g: f64, x: &Tensor, y: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
-    let [gxy, gw] = run_new(Elementwise::AddMulBackwardUniform { g }, &[x, y, w])?;
+    let [gxy, gw] = run_new(AddMulBackwardUniform { g }, [x, y, w])?;
     Ok((gxy, gw))
 }
 
@@ -450,5 +358,5 @@ pub fn add_mul_backward_uniform_into(
     gxy: &Tensor,
     gw: &Tensor,
 ) -> Result<()> {
-    run(Elementwise::AddMulBackwardUniform { g }, &[x, y, w], &[gxy, gw])
+    run(AddMulBackwardUniform { g }, [x, y, w], [gxy, gw])
 }

@@ -7,9 +7,13 @@
 //! Parameter, gradient and state share one dtype, shape and device: f32 on CUDA, f32 or f64 on
 //! the CPU. Every tensor written (parameter, momentum buffer, moments) has its version bumped,
 //! so autograd notices a saved tensor updated before backward.
-use super::{Elementwise, check, run};
+use super::check;
+#[cfg(feature = "cuda")]
+use super::cuda::Launch;
+use super::elementwise::{ElementwiseOp, run};
+use crate::dtype::Accumulator;
 use crate::{DType, Device, Error, Result, Tensor};
-use opsmith_kernels::optim::AdamCoefficients;
+use opsmith_kernels::optim::{self as formula, AdamCoefficients};
 
 /// One step of SGD: with momentum `μ > 0`, `buf = μ·buf + (grad + wd·p)` then `p -= lr·buf`;
 /// without (`μ = 0`, no buffer), `p -= lr·(grad + wd·p)`.
@@ -27,7 +31,7 @@ pub struct SgdStep {
 
 impl SgdStep {
     /// Whether the step keeps a momentum buffer.
-    pub(crate) fn uses_buffer(&self) -> bool {
+    fn uses_buffer(&self) -> bool {
         self.momentum != 0.0
     }
 
@@ -83,7 +87,7 @@ impl AdamStep {
     }
 
     /// The per-step scalars, in f64; each device rounds them to its arithmetic type.
-    pub(crate) fn coefficients(&self) -> AdamCoefficients<f64> {
+    fn coefficients(&self) -> AdamCoefficients<f64> {
         let t = self.step as f64;
         AdamCoefficients {
             beta1: self.beta1,
@@ -103,6 +107,88 @@ fn non_negative(op: &'static str, name: &str, value: f64) -> Result<()> {
         Ok(())
     } else {
         Err(Error::InvalidArgument { op, reason: format!("{name} must be finite and non-negative, got {value}") })
+    }
+}
+
+// The steps as elementwise maps over (parameter, gradient, state), in place: the CPU runs the
+// formulas of `opsmith_kernels::optim`, CUDA the kernels made from them.
+
+impl ElementwiseOp<2, 1> for SgdStep {
+    fn name(&self) -> &'static str {
+        "sgd_step"
+    }
+    #[inline(always)]
+    fn compute<A: Accumulator>(&self, [p, g]: [A; 2]) -> [A; 1] {
+        [formula::sgd(p, g, A::from_f64(self.lr), A::from_f64(self.weight_decay))]
+    }
+    #[cfg(feature = "cuda")]
+    fn launch(&self, on: Launch, [p, g]: [&Tensor; 2], [p_out]: [&Tensor; 1]) -> Result<()> {
+        let (lr, wd) = (self.lr as f32, self.weight_decay as f32);
+        on.run(on.optimizer()?.sgd, (p, g, p_out, lr, wd, on.n))
+    }
+}
+
+/// [`SgdStep`] with a momentum buffer: inputs `[param, grad, buf]`, outputs `[param, buf]`.
+#[derive(Clone, Copy)]
+struct SgdMomentum(SgdStep);
+
+impl ElementwiseOp<3, 2> for SgdMomentum {
+    fn name(&self) -> &'static str {
+        "sgd_step"
+    }
+    #[inline(always)]
+    fn compute<A: Accumulator>(&self, [p, g, buf]: [A; 3]) -> [A; 2] {
+        let [lr, momentum, wd] = [self.0.lr, self.0.momentum, self.0.weight_decay].map(A::from_f64);
+        let (p, buf) = formula::sgd_momentum(p, g, buf, lr, momentum, wd);
+        [p, buf]
+    }
+    #[cfg(feature = "cuda")]
+    fn launch(&self, on: Launch, [p, g, buf]: [&Tensor; 3], [p_out, buf_out]: [&Tensor; 2]) -> Result<()> {
+        let [lr, momentum, wd] = [self.0.lr, self.0.momentum, self.0.weight_decay].map(|v| v as f32);
+        on.run(on.optimizer()?.sgd_momentum, (p, g, buf, p_out, buf_out, lr, momentum, wd, on.n))
+    }
+}
+
+/// An [`AdamStep`] by its per-step scalars (computed once, not per element): inputs
+/// `[param, grad, m, v]`, outputs `[param, m, v]`.
+#[derive(Clone, Copy)]
+struct Adam(AdamCoefficients<f64>);
+
+impl ElementwiseOp<4, 3> for Adam {
+    fn name(&self) -> &'static str {
+        "adam_step"
+    }
+    #[inline(always)]
+    fn compute<A: Accumulator>(&self, [p, g, m, v]: [A; 4]) -> [A; 3] {
+        let (p, m, v) = formula::adam(p, g, m, v, &self.0.map(A::from_f64));
+        [p, m, v]
+    }
+    #[cfg(feature = "cuda")]
+    fn launch(&self, on: Launch, [p, g, m, v]: [&Tensor; 4], [p_out, m_out, v_out]: [&Tensor; 3]) -> Result<()> {
+        let [b1, one_minus_b1, b2, one_minus_b2, eps, lr_wd, step_size, inv_sqrt_bias2] =
+            self.0.to_array().map(|c| c as f32);
+        let adam = on.optimizer()?.adam;
+        on.run(
+            adam,
+            (
+                p,
+                g,
+                m,
+                v,
+                p_out,
+                m_out,
+                v_out,
+                b1,
+                one_minus_b1,
+                b2,
+                one_minus_b2,
+                eps,
+                lr_wd,
+                step_size,
+                inv_sqrt_bias2,
+                on.n,
+            ),
+        )
     }
 }
 
@@ -132,26 +218,24 @@ fn check_operands(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn sgd_step(param: &Tensor, grad: &Tensor, momentum_buf: Option<&Tensor>, step: &SgdStep) -> Result<()> {
-    let op = Elementwise::Sgd(*step);
+    let op = step.name();
     step.validate()?;
-    let (inputs, outputs) = match (momentum_buf, step.uses_buffer()) {
-        (Some(buf), true) => (vec![param, grad, buf], vec![param, buf]),
-        (None, false) => (vec![param, grad], vec![param]),
+    match (momentum_buf, step.uses_buffer()) {
+        (Some(buf), true) => {
+            check_operands(op, &[param, grad, buf])?;
+            run(SgdMomentum(*step), [param, grad, buf], [param, buf])
+        }
+        (None, false) => {
+            check_operands(op, &[param, grad])?;
+            run(*step, [param, grad], [param])
+        }
         (Some(_), false) => {
-            return Err(Error::InvalidArgument {
-                op: op.name(),
-                reason: "a momentum buffer was given, but momentum is 0".into(),
-            });
+            Err(Error::InvalidArgument { op, reason: "a momentum buffer was given, but momentum is 0".into() })
         }
         (None, true) => {
-            return Err(Error::InvalidArgument {
-                op: op.name(),
-                reason: format!("momentum {} needs a momentum buffer", step.momentum),
-            });
+            Err(Error::InvalidArgument { op, reason: format!("momentum {} needs a momentum buffer", step.momentum) })
         }
-    };
-    check_operands(op.name(), &inputs)?;
-    run(op, &inputs, &outputs)
+    }
 }
 
 /// One Adam (AdamW) step in one fused pass, in place: updates `param` and the moments `m` and
@@ -171,8 +255,7 @@ pub fn sgd_step(param: &Tensor, grad: &Tensor, momentum_buf: Option<&Tensor>, st
 /// # Ok(()) }
 /// ```
 pub fn adam_step(param: &Tensor, grad: &Tensor, m: &Tensor, v: &Tensor, step: &AdamStep) -> Result<()> {
-    let op = Elementwise::Adam(*step);
     step.validate()?;
-    check_operands(op.name(), &[param, grad, m, v])?;
-    run(op, &[param, grad, m, v], &[param, m, v])
+    check_operands("adam_step", &[param, grad, m, v])?;
+    run(Adam(step.coefficients()), [param, grad, m, v], [param, m, v])
 }

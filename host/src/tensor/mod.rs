@@ -253,9 +253,19 @@ impl Tensor {
         Tensor::full(0.0, shape, dtype, device)
     }
 
-    /// A tensor whose contents are unspecified until an op writes them (zeros on the CPU,
-    /// uninitialised memory on CUDA). For op outputs, which overwrite every element.
-    pub(crate) fn empty(shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
+    /// A tensor whose contents are unspecified until something writes them (zeros on the CPU;
+    /// on CUDA, whatever the memory held before, as `torch.empty` gives). For the outputs of
+    /// kernels that write every element, where zero-filling first would cost a pass over memory.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let out = Tensor::empty([2, 3], DType::F16, Device::Cpu)?;
+    /// assert_eq!((out.dims(), out.dtype()), (&[2, 3][..], DType::F16));
+    /// # Ok(()) }
+    /// ```
+    pub fn empty(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        let shape = shape.into();
         match device {
             Device::Cpu => Tensor::zeros(shape, dtype, device),
             #[cfg(feature = "cuda")]

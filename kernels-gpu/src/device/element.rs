@@ -5,15 +5,7 @@ use super::memory::Pack;
 use crate::convert::{bf16_bits_to_f32, f32_to_bf16_bits};
 use core::ops::IndexMut;
 
-/// An IEEE 754 binary16 value, stored as its bits (layout-compatible with `half::f16`).
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-pub struct F16(pub u16);
-
-/// A bfloat16 value, stored as its bits (layout-compatible with `half::bf16`).
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-pub struct Bf16(pub u16);
+pub use crate::dtype::{Bf16, F16};
 
 /// A storage dtype: how one value and one 16-byte pack convert to and from f32.
 pub trait Element: Copy {
