@@ -29,17 +29,17 @@ for line in sys.stdin:
 }
 
 echo "building test binaries" >&2
-cargo test --release -p opsmith-host -p opsmith-autograd -p opsmith-example-custom-op -p opsmith-example-serve \
+cargo test --release -p opsmith-host -p opsmith-autograd -p opsmith-example-custom-op -p opsmith-example-bias-gelu -p opsmith-example-serve \
   --features opsmith-host/gpu-tests,opsmith-autograd/gpu-tests --no-run --message-format=json \
   | executables | while read -r name path; do
     # Only the suites that use the GPU: the CPU suites run where the bundle is built (and in CI).
-    case $name in test-*gpu* | test-example-custom-op-gradcheck | test-example-serve-http) cp "$path" "$out/bin/$name" ;; esac
+    case $name in test-*gpu* | test-example-*-gradcheck | test-example-serve-http) cp "$path" "$out/bin/$name" ;; esac
   done
 echo "building examples" >&2
-cargo build --release --examples -p opsmith -p opsmith-example-custom-op -p opsmith-example-serve --bins --message-format=json \
+cargo build --release --examples -p opsmith -p opsmith-example-custom-op -p opsmith-example-bias-gelu -p opsmith-example-serve --bins --message-format=json \
   | executables | while read -r name path; do cp "$path" "$out/bin/$name"; done
 echo "building the criterion benches" >&2
-cargo bench --no-run -p opsmith --message-format=json \
+cargo bench --no-run -p opsmith -p opsmith-example-bias-gelu --message-format=json \
   | executables | while read -r name path; do cp "$path" "$out/bin/$name"; done
 cp benches/torch_compare.py "$out/"
 

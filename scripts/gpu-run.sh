@@ -40,7 +40,7 @@ gpu_suites=()
 for bin in "$here"/bin/test-*gpu*; do gpu_suites+=("$(basename "$bin")"); done
 [[ -n ${SUITES:-} ]] && read -r -a gpu_suites <<<"$SUITES"
 if [[ $what == test || $what == all ]]; then
-  for suite in "${gpu_suites[@]}" test-example-custom-op-gradcheck test-example-serve-http; do
+  for suite in "${gpu_suites[@]}" test-example-custom-op-gradcheck test-example-bias-gelu-gradcheck test-example-serve-http; do
     [[ -x $here/bin/$suite ]] && run "$suite" "$here/bin/$suite"
   done
   # Again with every launch synchronized, the mode that pins an asynchronous fault to its launch.
@@ -52,7 +52,7 @@ if [[ $what == examples || $what == test || $what == all ]]; then
   # The tutorial in reading order, each checking its own results; train_mlp writes the weights
   # that serve loads (relative paths, so run from the bundle).
   cd "$here"
-  for example in quickstart vector_add fused_mul_add add_mul_backward custom_op external_ptx train_mlp train_ddp; do
+  for example in quickstart vector_add fused_mul_add add_mul_backward custom_op bias_gelu external_ptx train_mlp train_ddp; do
     [[ -x bin/$example ]] && run "$example" "bin/$example"
   done
   [[ -x bin/opsmith-example-serve ]] && run serve bin/opsmith-example-serve --once
@@ -67,7 +67,7 @@ if [[ $what == sanitize || $what == all ]]; then
   # not memory safety, and under racecheck it outlasts a 10-minute session), and the matmul
   # suite's 1024^3 test (mostly timing; the smaller matmul tests make the same calls).
   read -r -a tools <<<"${TOOLS:-memcheck racecheck initcheck synccheck}"
-  for suite in "${gpu_suites[@]}" test-example-custom-op-gradcheck; do
+  for suite in "${gpu_suites[@]}" test-example-custom-op-gradcheck test-example-bias-gelu-gradcheck; do
     for tool in "${tools[@]}"; do
       [[ -x $here/bin/$suite ]] || continue
       run "$suite-$tool" compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 1 \
@@ -114,7 +114,8 @@ if [[ $what == bench || $what == all ]]; then
   run torch-compare python3 "$here/torch_compare.py"
   # The CUDA groups of `cargo bench` (criterion); the CPU groups are better run where you build.
   run criterion "$here/bin/bench-fused" --bench cuda/
-  grep -E "^\|" "$logs/bandwidth.log" "$logs/torch-compare.log" || true
+  run bias-gelu-bandwidth "$here/bin/bench-bias_gelu_bandwidth"
+  grep -E "^\|" "$logs/bandwidth.log" "$logs/torch-compare.log" "$logs/bias-gelu-bandwidth.log" || true
 fi
 
 echo

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo xtask kernels           regenerate host/prebuilt/ (per kernel family, the PTX and a cubin per architecture,
-//!                               zlib-compressed) and the custom-op example's filter3x3.ptx
+//!                               zlib-compressed) and the examples' committed PTX (EXAMPLE_KERNELS)
 //! cargo xtask kernels --check   regenerate into a scratch folder and fail if any of them differs
 //! ```
 //!
@@ -19,6 +19,12 @@ use std::time::Instant;
 
 /// The version of `ptxas` the shipped cubins are made with; another one makes other bytes.
 const PTXAS_VERSION: &str = "V13.0.88";
+
+/// The examples' kernel crates and the PTX file each host crate embeds.
+const EXAMPLE_KERNELS: [(&str, &str); 2] = [
+    ("examples/custom-op/kernels", "examples/custom-op/filter3x3.ptx"),
+    ("examples/bias-gelu/kernels", "examples/bias-gelu/bias_gelu.ptx"),
+];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -106,23 +112,22 @@ fn kernels(check: bool) -> Result<(), String> {
         );
     }
 
-    // The custom-op example's kernels, which it embeds as plain PTX.
-    let example = PtxBuilder::new(root.join("examples/custom-op/kernels"))
-        .out_dir(scratch.join("custom-op"))
-        .rerun_if_changed(false)
-        .build()
-        .map_err(|e| format!("examples/custom-op/kernels: {e}"))?;
-    let example_ptx = std::fs::read(&example.path).map_err(|e| format!("{}: {e}", example.path.display()))?;
-    let example_file = root.join("examples/custom-op/filter3x3.ptx");
-    if check {
-        if std::fs::read(&example_file).ok().as_deref() != Some(&example_ptx[..]) {
-            return Err(format!(
-                "{} is stale; run `cargo xtask kernels` and commit the result",
-                example_file.display()
-            ));
+    // The examples' kernel crates, which their host crates embed as plain PTX.
+    for (kernels, committed) in EXAMPLE_KERNELS {
+        let built = PtxBuilder::new(root.join(kernels))
+            .out_dir(scratch.join(kernels))
+            .rerun_if_changed(false)
+            .build()
+            .map_err(|e| format!("{kernels}: {e}"))?;
+        let ptx = std::fs::read(&built.path).map_err(|e| format!("{}: {e}", built.path.display()))?;
+        let file = root.join(committed);
+        if check {
+            if std::fs::read(&file).ok().as_deref() != Some(&ptx[..]) {
+                return Err(format!("{} is stale; run `cargo xtask kernels` and commit the result", file.display()));
+            }
+        } else {
+            write(&file, &ptx)?;
         }
-    } else {
-        write(&example_file, &example_ptx)?;
     }
 
     let wanted = file_names(&fresh)?;

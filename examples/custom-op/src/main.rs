@@ -20,7 +20,8 @@ fn image(h: usize, w: usize, dtype: DType) -> Result<Tensor> {
 }
 
 fn main() -> Result<()> {
-    let filter: Arc<dyn CustomOp> = Arc::new(Filter3x3::new(LAPLACIAN_LIKE));
+    let device = Device::cuda_if_available();
+    let filter: Arc<dyn CustomOp> = Arc::new(Filter3x3::new(LAPLACIAN_LIKE, device)?);
     let f = |v: &[opsmith::autograd::Var]| custom(&filter, &[&v[0]]);
 
     // 1. gradcheck on the CPU, in f64: the backward (the flipped stencil) against finite differences.
@@ -28,8 +29,7 @@ fn main() -> Result<()> {
     println!("cpu  f64 gradcheck: {} elements, max |error| {:.2e}", report.checked, report.max_abs_error);
 
     // 2. On CUDA, if present: the Rust kernels' gradients against finite differences, and
-    //    against the CPU implementation.
-    let device = Device::cuda_if_available();
+    //    against the CPU implementation, in f32 and in f16.
     if device.is_cuda() {
         let x = image(6, 7, DType::F32)?.to_device(device)?;
         let report = gradcheck(f, &[x], &GradcheckOptions::for_dtype(DType::F32))?;
@@ -37,6 +37,9 @@ fn main() -> Result<()> {
         let report =
             compare_devices(f, &[image(64, 48, DType::F32)?], device, &GradcheckOptions::for_dtype(DType::F32))?;
         println!("cuda vs cpu gradients: {} elements, max |difference| {:.2e}", report.checked, report.max_abs_error);
+        let report =
+            compare_devices(f, &[image(64, 48, DType::F16)?], device, &GradcheckOptions::for_dtype(DType::F16))?;
+        println!("cuda vs cpu, f16: {} elements, max |difference| {:.2e}", report.checked, report.max_abs_error);
     } else {
         println!("no CUDA device: the CUDA kernels were built but not run");
     }
