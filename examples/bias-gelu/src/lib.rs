@@ -7,7 +7,7 @@
 use bias_gelu_kernels as kernels;
 use opsmith::autograd::{CustomOp, Result};
 use opsmith::cuda::{Grid, KernelCrate};
-use opsmith::{DType, Error, Tensor, ops};
+use opsmith::{DType, Error, Tensor};
 
 mod cpu;
 
@@ -70,16 +70,36 @@ impl CustomOp for BiasGeluResidual {
     }
     fn cuda_backward(&self, i: &[&Tensor], _y: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
         let ((rows, cols), (x, b)) = (dims(i[0], i[1], g)?, (i[0], i[1]));
-        let dx = Tensor::empty(x.dims(), x.dtype(), x.device())?;
-        let kernel = match x.dtype() {
-            DType::F32 => kernels::bias_gelu_residual_backward_f32,
-            DType::F16 => kernels::bias_gelu_residual_backward_f16,
-            DType::BF16 => kernels::bias_gelu_residual_backward_bf16,
+        let (backward, sum_bands) = match x.dtype() {
+            DType::F32 => (kernels::bias_gelu_residual_backward_f32, kernels::bias_gelu_sum_bands_f32),
+            DType::F16 => (kernels::bias_gelu_residual_backward_f16, kernels::bias_gelu_sum_bands_f16),
+            DType::BF16 => (kernels::bias_gelu_residual_backward_bf16, kernels::bias_gelu_sum_bands_bf16),
             dtype => return Err(Error::UnsupportedDType { op: self.name(), dtype, device: x.device() }.into()),
         };
-        KERNELS.launch(kernel, Grid::stride(rows * cols), (g, x, b, &dx, rows, cols))?;
-        // b's gradient sums dx over the rows; r's is g itself.
-        let db = ops::sum_rows(&dx)?;
+        let units = column_units(cols, x.dtype());
+        let bands = band_count(rows, units);
+        let dx = Tensor::empty(x.dims(), x.dtype(), x.device())?;
+        let db_bands = Tensor::empty([bands as usize, cols as usize], DType::F32, x.device())?;
+        let db = Tensor::empty(b.dims(), b.dtype(), b.device())?;
+        KERNELS.launch(backward, Grid::stride(bands * units), (g, x, b, &dx, &db_bands, rows, cols, bands))?;
+        KERNELS.launch(sum_bands, Grid::stride(cols), (&db_bands, &db, bands, cols))?;
+        // r's gradient is g itself.
         Ok(vec![Some(dx), Some(db), Some(g.clone())])
     }
+}
+
+/// The backward kernel's unit of work across a row: a 16-byte pack when a row is whole packs,
+/// else one column.
+fn column_units(cols: u64, dtype: DType) -> u64 {
+    let lanes = 16 / dtype.size_in_bytes() as u64;
+    if cols.is_multiple_of(lanes) { cols / lanes } else { cols }
+}
+
+/// How many bands of rows the backward splits the bias gradient into: enough (band, unit) pairs
+/// to fill an H100/H200-sized GPU at full occupancy (132 SMs × 2048 threads), but bands of at
+/// least 16 rows, so that the f32 partial sums (`bands × cols`) stay small next to the
+/// activations. At least one band, so that `db` is written (zeros) even with no rows.
+fn band_count(rows: u64, units: u64) -> u64 {
+    const THREADS: u64 = 132 * 2048;
+    THREADS.div_ceil(units.max(1)).min(rows.div_ceil(16)).max(1)
 }

@@ -111,8 +111,9 @@ fn cuda_matches_the_reference_in_every_dtype() {
         eprintln!("no CUDA device: skipping (it runs in the GPU bundle)");
         return;
     }
-    // Whole packs per row (vector path), odd widths (scalar path), and many rows.
-    for (rows, cols) in [(1, 1), (3, 5), (64, 256), (33, 1000), (1024, 24)] {
+    // Whole packs per row (vector path), odd widths (scalar path), many rows (several bands of
+    // rows in the backward, the last one short), and no rows at all (db is zeros).
+    for (rows, cols) in [(1, 1), (3, 5), (64, 256), (33, 1000), (50, 16), (1024, 24), (0, 8)] {
         for (dtype, tol) in [(DType::F32, 2e-6), (DType::F16, 2e-3), (DType::BF16, 1e-2)] {
             let [x, b, r] = inputs(rows, cols, dtype);
             let [y, dx, db] = errors(&x, &b, &r, device);

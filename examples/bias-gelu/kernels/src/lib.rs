@@ -1,10 +1,15 @@
 //! `y = gelu(x + b) + r` (bias, GeLU with the tanh approximation, residual) and its backward,
-//! fused into one pass over memory each, as nvptx64 kernels for f32, f16 and bf16 (arithmetic
-//! in f32).
+//! each fused into one pass over the activations, as nvptx64 kernels for f32, f16 and bf16
+//! (arithmetic in f32).
 //!
-//! Composed from separate ops, the forward reads and writes the `rows × cols` activations 7
-//! times (`x + b`: 2, `gelu`: 2, `+ r`: 3); fused, 3 times (read `x` and `r`, write `y`). The
-//! gelu formulas are opsmith's own (`opsmith_kernels::activation`), so the fused op computes
+//! Counted in passes over the `rows × cols` activations (each read or write of one matrix):
+//! * forward: composed from separate ops 7 (`x + b`: 2, `gelu`: 2, `+ r`: 3); fused 3 (read `x`
+//!   and `r`, write `y`).
+//! * backward: composed 4 (`gelu_backward(g, z)`: 3, then summing `dz` over rows for `db`: 1);
+//!   fused 3 (read `g` and `x`, write `dx`), with `db` summed on the way in per band of rows and
+//!   the bands added by a second, small kernel.
+//!
+//! The gelu formulas are opsmith's own (`opsmith_kernels::activation`), so the fused op computes
 //! what `ops::gelu` does.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]
@@ -69,9 +74,82 @@ unsafe fn map_with_row_bias<T: Element>(
     }
 }
 
-/// Defines the forward and backward kernel for one dtype.
+/// The backward's work: for each (band `k`, column unit `u`) pair, walks down band `k`'s rows,
+/// writes `dx = gelu_backward(g, x + b)` and adds it up per column into `db_bands[k, ..]`. A
+/// column unit is a 16-byte pack when every row is whole packs and every pointer is 16-byte
+/// aligned, else one column. Neighbouring threads take neighbouring units of the same rows, so
+/// the loads stay coalesced.
+///
+/// # Safety
+/// As for the backward kernels: `g`, `x` and `dx` are valid for `rows * cols` elements, `b`
+/// for `cols`, `db_bands` for `bands * cols` f32; the outputs overlap nothing.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn backward_by_bands<T: Element>(
+    g: *const T,
+    x: *const T,
+    b: *const T,
+    dx: *mut T,
+    db_bands: *mut f32,
+    rows: u64,
+    cols: u64,
+    bands: u64,
+) {
+    if bands == 0 {
+        return;
+    }
+    let band_rows = rows.div_ceil(bands);
+    let lanes = T::LANES as u64;
+    let aligned = is_pack_aligned(g) && is_pack_aligned(x) && is_pack_aligned(b) && is_pack_aligned(dx);
+    if aligned && cols % lanes == 0 {
+        let units = cols / lanes;
+        for j in GridStride::over(0, bands * units) {
+            let (k, u) = (j / units, j % units);
+            // SAFETY: u < cols / lanes, so the pack is inside the bias row.
+            let bs = T::unpack(unsafe { load_pack(b, u) });
+            let mut acc = [0.0f32; 8];
+            for r in k * band_rows..rows.min((k + 1) * band_rows) {
+                let p = r * units + u;
+                // SAFETY: r < rows and u < units, so pack p is inside the matrices.
+                let (gs, xs) = unsafe { (T::unpack(load_pack(g, p)), T::unpack(load_pack(x, p))) };
+                let mut ds = gs;
+                for l in 0..T::LANES {
+                    ds[l] = gelu_backward(gs[l], xs[l] + bs[l]);
+                    acc[l] += ds[l];
+                }
+                // SAFETY: as for the loads; only this thread writes pack p.
+                unsafe { store_pack(dx, p, T::pack(ds)) };
+            }
+            for l in 0..T::LANES {
+                // SAFETY: k < bands and u * lanes + l < cols.
+                unsafe { *db_bands.add((k * cols + u * lanes + l as u64) as usize) = acc[l] };
+            }
+        }
+    } else {
+        for j in GridStride::over(0, bands * cols) {
+            let (k, c) = (j / cols, j % cols);
+            // SAFETY: c < cols.
+            let bc = unsafe { *b.add(c as usize) }.to_f32();
+            let mut acc = 0.0f32;
+            for r in k * band_rows..rows.min((k + 1) * band_rows) {
+                let i = (r * cols + c) as usize;
+                // SAFETY: i < rows * cols.
+                unsafe {
+                    let d = gelu_backward((*g.add(i)).to_f32(), (*x.add(i)).to_f32() + bc);
+                    *dx.add(i) = T::from_f32(d);
+                    acc += d;
+                }
+            }
+            // SAFETY: k < bands and c < cols.
+            unsafe { *db_bands.add((k * cols + c) as usize) = acc };
+        }
+    }
+}
+
+/// Defines the forward, backward and bias-sum kernels for one dtype.
 macro_rules! bias_gelu_kernels {
-    ($forward:ident, $backward:ident, $t:ty) => {
+    ($forward:ident, $backward:ident, $sum_bands:ident, $t:ty) => {
         opsmith_kernels::kernel! {
             #[doc = concat!("`y = gelu(x + b) + r` for ", stringify!($t), " `[rows, cols]` matrices and a `[cols]` bias.")]
             ///
@@ -92,26 +170,52 @@ macro_rules! bias_gelu_kernels {
         }
 
         opsmith_kernels::kernel! {
-            #[doc = concat!("`dx = g · gelu'(x + b)` for ", stringify!($t), ": the gradient with respect to `x`; `b`'s is the sum of `dx`'s rows and `r`'s is `g`.")]
+            #[doc = concat!("The backward for ", stringify!($t), ": `dx = g · gelu'(x + b)`, and `b`'s gradient in `bands` partial sums: `db_bands[k, c]` sums `dx[r, c]` (in f32, before rounding) over the rows `r` of band `k`, the `k`-th of `bands` runs of `ceil(rows / bands)` rows. `r`'s gradient is `g` itself.")]
+            ///
+            /// Thread mapping: one (band, column pack) pair per thread, grid-stride, walking
+            /// down the band's rows (see `backward_by_bands`).
             ///
             /// # Safety
-            /// `g`, `x` and `dx` are valid for `rows * cols` elements, `b` for `cols`; `dx`
-            /// overlaps no input.
+            /// `g`, `x` and `dx` are valid for `rows * cols` elements, `b` for `cols`,
+            /// `db_bands` for `bands * cols` f32; the outputs overlap nothing.
             pub unsafe fn $backward(
                 g: *const [$t; rows * cols],
                 x: *const [$t; rows * cols],
                 b: *const [$t; cols],
                 dx: *mut [$t; rows * cols],
+                db_bands: *mut [f32; bands * cols],
                 rows: u64,
                 cols: u64,
+                bands: u64,
             ) {
                 // SAFETY: forwarded from this kernel's contract.
-                unsafe { map_with_row_bias(x, b, g, dx, rows, cols, |z, g| gelu_backward(g, z)) }
+                unsafe { backward_by_bands(g, x, b, dx, db_bands, rows, cols, bands) }
+            }
+        }
+
+        opsmith_kernels::kernel! {
+            #[doc = concat!("`db[c] = Σ_k db_bands[k, c]`, in band order, rounded once to ", stringify!($t), ": the second pass of the bias gradient.")]
+            ///
+            /// Thread mapping: one column per thread, grid-stride; neighbouring threads read
+            /// neighbouring columns.
+            ///
+            /// # Safety
+            /// `db_bands` is valid for `bands * cols` f32 and `db` for `cols` elements.
+            pub unsafe fn $sum_bands(db_bands: *const [f32; bands * cols], db: *mut [$t; cols], bands: u64, cols: u64) {
+                for c in GridStride::over(0, cols) {
+                    let mut acc = 0.0f32;
+                    for k in 0..bands {
+                        // SAFETY: k * cols + c < bands * cols.
+                        acc += unsafe { *db_bands.add((k * cols + c) as usize) };
+                    }
+                    // SAFETY: c < cols.
+                    unsafe { *db.add(c as usize) = <$t>::from_f32(acc) };
+                }
             }
         }
     };
 }
 
-bias_gelu_kernels!(bias_gelu_residual_f32, bias_gelu_residual_backward_f32, f32);
-bias_gelu_kernels!(bias_gelu_residual_f16, bias_gelu_residual_backward_f16, F16);
-bias_gelu_kernels!(bias_gelu_residual_bf16, bias_gelu_residual_backward_bf16, Bf16);
+bias_gelu_kernels!(bias_gelu_residual_f32, bias_gelu_residual_backward_f32, bias_gelu_sum_bands_f32, f32);
+bias_gelu_kernels!(bias_gelu_residual_f16, bias_gelu_residual_backward_f16, bias_gelu_sum_bands_f16, F16);
+bias_gelu_kernels!(bias_gelu_residual_bf16, bias_gelu_residual_backward_bf16, bias_gelu_sum_bands_bf16, Bf16);
