@@ -224,8 +224,8 @@ impl KernelCrate {
         device.user_module(self.name, self.ptx)
     }
 
-    /// Launches `kernel` from this crate on its tensors' device, after the checks of the
-    /// [module docs](self).
+    /// Launches `kernel` from this crate on its tensors' device, after the checks that
+    /// [`cuda::launch`](crate::cuda::launch) makes.
     ///
     /// A wrong argument type or order does not compile:
     ///
@@ -247,8 +247,17 @@ impl KernelCrate {
     }
 }
 
-/// Launches one of opsmith's own kernels (from `opsmith_kernels::names`), with the checks of
-/// the [module docs](self).
+/// Launches one of opsmith's own kernels (from `opsmith_kernels::names`) on its tensors'
+/// device.
+///
+/// Checked at compile time: the number, order and kind of the arguments (a buffer parameter
+/// takes a `&Tensor`, a scalar parameter a value of exactly its type, as a tuple in the
+/// kernel's parameter order). Checked at run time, before anything reaches the driver: every
+/// tensor has the dtype the kernel declares for its parameter ([`Error::ArgumentDType`]) and
+/// exactly the declared length ([`Error::ArgumentLength`]), no output overlaps another buffer
+/// unless it is an `#[in_place]` output that is exactly one of the inputs ([`Error::Overlap`]),
+/// and all of them are on one CUDA device. The launch then runs on that device's current
+/// stream, ordered after earlier work on the tensors on other streams.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
