@@ -37,6 +37,15 @@ pub(crate) fn run<Op: ElementwiseOp<I, O>, const I: usize, const O: usize>(
     outputs: [&Tensor; O],
 ) -> Result<()> {
     check::elementwise(op.name(), &inputs, &outputs)?;
+    dispatch(op, inputs, outputs)
+}
+
+/// Runs `op` on its operands' device, once they are checked.
+fn dispatch<Op: ElementwiseOp<I, O>, const I: usize, const O: usize>(
+    op: Op,
+    inputs: [&Tensor; I],
+    outputs: [&Tensor; O],
+) -> Result<()> {
     match inputs[0].device() {
         Device::Cpu => cpu::elementwise(op, inputs, outputs),
         #[cfg(feature = "cuda")]
@@ -60,7 +69,8 @@ pub(crate) fn run_new<Op: ElementwiseOp<I, O>, const I: usize, const O: usize>(
     let outputs: [Tensor; O] = outputs
         .try_into()
         .map_err(|_| Error::InvalidArgument { op: op.name(), reason: format!("could not make its {O} outputs") })?;
-    run(op, inputs, outputs.each_ref())?;
+    // Fresh outputs of the checked inputs' shape, dtype and device overlap nothing: no second check.
+    dispatch(op, inputs, outputs.each_ref())?;
     Ok(outputs)
 }
 
