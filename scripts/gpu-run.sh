@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs a bundle made by scripts/gpu-bundle.sh on a GPU machine, and prints a summary table last.
-#   run.sh [test|examples|sanitize|bench|coldstart|all]     (default: all)
+#   run.sh [test|examples|sanitize|graphs|bench|coldstart|all]     (default: all)
+#   graphs: the CUDA-graph step table (QUICK=1 for fewer repeats), also part of bench.
 #   SUITES="test-host-gpu ..." and TOOLS="memcheck ..." narrow the GPU suites and sanitizer tools.
 # sanitize runs compute-sanitizer's memcheck, racecheck, initcheck and synccheck over every GPU suite.
 # bench needs python3 with PyTorch for the side-by-side comparison.
@@ -55,6 +56,7 @@ if [[ $what == examples || $what == test || $what == all ]]; then
   for example in quickstart vector_add fused_mul_add add_mul_backward custom_op bias_gelu external_ptx train_mlp train_ddp; do
     [[ -x bin/$example ]] && run "$example" "bin/$example"
   done
+  run train_mlp-graph bin/train_mlp --graph --out "$logs/mlp-graph.safetensors"
   [[ -x bin/opsmith-example-serve ]] && run serve bin/opsmith-example-serve --once
   run doctor bin/doctor
   cd - >/dev/null
@@ -108,6 +110,12 @@ if [[ $what == coldstart || $what == all ]]; then
   cat "$logs/coldstart-table.md"
   grep -E "^\||first CUDA result" "$logs/coldstart.log" || true
   cd - >/dev/null
+fi
+if [[ $what == graphs || $what == bench || $what == all ]]; then
+  # Training steps as CUDA graphs, opsmith and PyTorch in the same call.
+  run graph-step "$here/bin/graph_step" ${QUICK:+--quick}
+  run torch-graph python3 "$here/torch_graph.py" ${QUICK:+--quick}
+  grep -E "^\||^check" "$logs/graph-step.log" "$logs/torch-graph.log" || true
 fi
 if [[ $what == bench || $what == all ]]; then
   run bandwidth "$here/bin/bandwidth" --out "$logs"

@@ -5,6 +5,12 @@
 //! values for a backward reports [`Error::SavedTensorModified`](crate::Error) instead of
 //! computing wrong gradients.
 //!
+//! [`Adam`] is capturable (as PyTorch's `capturable=True`): its step count and learning rate
+//! live on the parameters' device ([`AdamState`]), and a step is kernel launches only, so a
+//! training step recorded into a CUDA graph replays correct Adam steps, step 1000 as step 1,
+//! and picks up a learning rate changed with [`Adam::set_lr`] between replays. Eager steps run
+//! the very same arithmetic as replayed ones.
+//!
 //! ```
 //! # fn main() -> opsmith_autograd::Result<()> {
 //! use opsmith_autograd::optim::{Adam, AdamConfig, Optimizer};
@@ -23,7 +29,8 @@
 //! ```
 use crate::tape::{Gradients, Var};
 use crate::{Error, Result};
-use opsmith_host::{Tensor, ops};
+use opsmith_host::ops::{AdamHyper, AdamState};
+use opsmith_host::{Device, Tensor, ops};
 
 /// What every optimizer does: one update from the gradients of a backward.
 pub trait Optimizer {
@@ -62,6 +69,11 @@ impl Default for SgdConfig {
 }
 
 /// SGD over a set of parameters; see [`SgdConfig`].
+///
+/// Its learning rate, momentum and weight decay are kernel parameters: a CUDA graph that
+/// captures an SGD step (`opsmith_host::cuda::Graph`) replays it with the values it had then.
+/// To change the learning rate between replays, capture again, or use [`Adam`], which keeps its
+/// learning rate and step count in device memory.
 ///
 /// ```
 /// # fn main() -> opsmith_autograd::Result<()> {
@@ -150,15 +162,48 @@ impl Default for AdamConfig {
 
 /// Adam over a set of parameters, one fused kernel per parameter and step (it reads `p`, `g`,
 /// `m`, `v` and writes `p`, `m`, `v` in one pass). See [`AdamConfig`].
+///
+/// Adam is capturable: its step count and learning rate live on the device, in one
+/// [`AdamState`] per device that holds parameters. A step advances each state once (one tiny
+/// kernel: the step count, the betas' powers and that step's coefficients, all on the device),
+/// then runs one fused kernel per parameter that reads the coefficients from device memory.
+/// No step reads the device or copies to it, so a CUDA graph can record it, and each replay is
+/// a correct next step. [`set_lr`](Adam::set_lr) writes the learning rate on the device for the
+/// next step, eager or replayed.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::optim::{Adam, AdamConfig, Optimizer};
+/// use opsmith_autograd::{Tape, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let w = tape.var(Tensor::from_vec(vec![1.0f32, -1.0], [2], Device::cuda_if_available())?);
+/// let mut adam = Adam::new(vec![w.clone()], AdamConfig { lr: 0.1, ..AdamConfig::default() })?;
+/// let grads = tape.backward(&ops::sum(&ops::mul(&w, &w)?)?)?;
+/// adam.step(&grads)?;
+/// // A schedule lowers the learning rate; the device state follows.
+/// adam.set_lr(0.0)?;
+/// let before = w.value().to_vec::<f32>()?;
+/// adam.step(&grads)?;
+/// assert_eq!(w.value().to_vec::<f32>()?, before);
+/// // The count kept on the device, which graph replays advance too.
+/// assert_eq!((adam.steps(), adam.device_steps()?), (2, 2));
+/// # Ok(()) }
+/// ```
 pub struct Adam {
     params: Vec<Var>,
     moments: Vec<(Tensor, Tensor)>,
+    /// One per device that holds parameters, in order of first appearance.
+    states: Vec<AdamState>,
+    /// For each parameter, the index of its device's state.
+    state_of: Vec<usize>,
     config: AdamConfig,
     step: u64,
 }
 
 impl Adam {
-    /// Adam for `params`, with zeroed moments on the parameters' devices.
+    /// Adam for `params`, with zeroed moments on the parameters' devices and a step state
+    /// ([`AdamState`]) on each of those devices.
     ///
     /// ```
     /// # fn main() -> opsmith_autograd::Result<()> {
@@ -185,10 +230,25 @@ impl Adam {
                 ))
             })
             .collect::<Result<_>>()?;
-        Ok(Adam { params, moments, config, step: 0 })
+        let mut devices: Vec<Device> = Vec::new();
+        let state_of = params
+            .iter()
+            .map(|p| {
+                let device = p.value().device();
+                devices.iter().position(|&d| d == device).unwrap_or_else(|| {
+                    devices.push(device);
+                    devices.len() - 1
+                })
+            })
+            .collect();
+        let states = devices.into_iter().map(|d| AdamState::new(config.lr, d)).collect::<opsmith_host::Result<_>>()?;
+        Ok(Adam { params, moments, states, state_of, config, step: 0 })
     }
 
-    /// Steps taken so far.
+    /// Steps taken so far, counted on the host: the [`step`](Optimizer::step) calls. A CUDA
+    /// graph that recorded a step replays it without calling `step`, so under graph replay
+    /// this counts only the eager steps and the one captured; [`device_steps`](Self::device_steps)
+    /// is the authoritative count.
     ///
     /// ```
     /// # fn main() -> opsmith_autograd::Result<()> {
@@ -204,23 +264,61 @@ impl Adam {
     pub fn steps(&self) -> u64 {
         self.step
     }
+
+    /// Steps taken so far, counted on the device: eager steps and graph replays alike (on the
+    /// first device, when the parameters are on several). It reads the device, so it waits for
+    /// the work queued before it (and fails inside a graph capture). With no parameters, the
+    /// host's count.
+    pub fn device_steps(&self) -> Result<u64> {
+        match self.states.first() {
+            Some(state) => Ok(state.step()?),
+            None => Ok(self.step),
+        }
+    }
+
+    /// The hyperparameters; `lr` is the one last set.
+    pub fn config(&self) -> &AdamConfig {
+        &self.config
+    }
+
+    /// Sets the learning rate (finite, non-negative) from the next step on, in the config and
+    /// on every device. On CUDA it copies the value to the device: call it between graph
+    /// replays (or eager steps), not inside a capture.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Error, Tape, optim::{Adam, AdamConfig}};
+    /// use opsmith_host::{Device, Tensor};
+    /// let w = Tape::new().var(Tensor::from_vec(vec![1.0f32], [1], Device::Cpu)?);
+    /// let mut adam = Adam::new(vec![w], AdamConfig::default())?;
+    /// adam.set_lr(1e-4)?;
+    /// assert_eq!(adam.config().lr, 1e-4);
+    /// assert!(matches!(adam.set_lr(f64::INFINITY), Err(Error::InvalidConfig { what: "Adam", .. })));
+    /// # Ok(()) }
+    /// ```
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        check_hyper("Adam", "lr", lr, lr >= 0.0)?;
+        for state in &self.states {
+            state.set_lr(lr)?;
+        }
+        self.config.lr = lr;
+        Ok(())
+    }
 }
 
 impl Optimizer for Adam {
+    /// Advances each device's [`AdamState`] one step, then updates every parameter that has a
+    /// gradient from it.
     fn step(&mut self, grads: &Gradients) -> Result<()> {
-        self.step += 1;
         let c = self.config;
-        let step = ops::AdamStep {
-            lr: c.lr,
-            beta1: c.beta1,
-            beta2: c.beta2,
-            eps: c.eps,
-            weight_decay: c.weight_decay,
-            step: self.step,
-        };
-        for (p, (m, v)) in self.params.iter().zip(&self.moments) {
+        let hyper = AdamHyper { beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay };
+        for state in &self.states {
+            state.advance(&hyper)?;
+        }
+        self.step += 1;
+        for ((p, (m, v)), &k) in self.params.iter().zip(&self.moments).zip(&self.state_of) {
             if let Some(g) = grads.get(p) {
-                ops::adam_step(p.value(), g, m, v, &step)?;
+                ops::adam_step_device(p.value(), g, m, v, &self.states[k])?;
             }
         }
         Ok(())

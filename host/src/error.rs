@@ -349,6 +349,17 @@ pub enum Error {
         /// The device asked for.
         device: Device,
     },
+    /// Something a CUDA graph cannot record was asked for while one was being captured
+    /// ([`cuda::Graph::capture`](crate::cuda::Graph::capture)): a read of device memory on the
+    /// host, a synchronization, a CPU tensor, work ordered after another stream, or a second
+    /// capture on the same device. Nothing was queued; the capture fails with this error.
+    #[error("{op} cannot be captured into a CUDA graph: {reason}")]
+    Capture {
+        /// The operation refused.
+        op: &'static str,
+        /// Why it cannot be part of a graph, and what to do instead.
+        reason: String,
+    },
     /// A value the caller supplied is not valid for the call.
     #[error("{op}: {reason}")]
     InvalidArgument {

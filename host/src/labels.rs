@@ -1,9 +1,11 @@
 //! Class labels for classification losses: `u32` values on one device.
 #[cfg(feature = "cuda")]
-use crate::cuda::{CudaDevice, Stream, stream_order::StreamUses};
+use crate::cuda::{CudaDevice, Stream, graph::DeferredFree, stream_order::StreamUses};
 use crate::{Device, Error, Result};
 #[cfg(feature = "cuda")]
 use cudarc::driver::{CudaSlice, DevicePtr};
+#[cfg(feature = "cuda")]
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 /// One class index per row, as `u32`, on the CPU or in device memory: the targets of
@@ -39,17 +41,35 @@ enum LabelData {
 }
 
 #[cfg(feature = "cuda")]
-/// Labels in device memory, with the streams that used them.
+/// Labels in device memory, with the streams that used them. Both are taken out by the
+/// destructor.
 struct DeviceLabels {
-    values: CudaSlice<u32>,
-    uses: StreamUses,
+    device: CudaDevice,
+    values: ManuallyDrop<CudaSlice<u32>>,
+    uses: ManuallyDrop<StreamUses>,
 }
 
 #[cfg(feature = "cuda")]
 impl Drop for DeviceLabels {
     fn drop(&mut self) {
-        // Freed on the stream that uploaded them, after every other stream that read them.
-        self.uses.before_free();
+        // SAFETY: this is the destructor; neither field is touched again.
+        let (values, uses) = unsafe { (ManuallyDrop::take(&mut self.values), ManuallyDrop::take(&mut self.uses)) };
+        match self.device.active_capture() {
+            // Released once the capture ends, as a tensor's memory is (`cuda::graph`).
+            Some(capture) => {
+                let (len, stream) = (values.len() * std::mem::size_of::<u32>(), values.stream().clone());
+                let address = values.leak();
+                // SAFETY: the allocation of `len` bytes just released by the slice above; the
+                // new slice owns it and frees it once the capture ends.
+                let block = unsafe { stream.upgrade_device_ptr::<u8>(address, len) };
+                capture.defer_free(DeferredFree { block, uses });
+            }
+            // Freed on the stream that uploaded them, after every other stream that read them.
+            None => {
+                uses.before_free();
+                drop(values);
+            }
+        }
     }
 }
 
@@ -73,13 +93,19 @@ impl Labels {
             Device::Cuda(_) => return Err(Error::cuda_disabled("Labels::new", device)),
             #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => {
+                crate::cuda::graph::refuse_while_capturing("Labels::new", crate::cuda::graph::HOST_WRITE)?;
                 let device = CudaDevice::get(ordinal)?;
                 let stream = device.current_stream();
                 device.bind()?;
                 let values =
                     if values.is_empty() { stream.raw().null::<u32>() } else { stream.raw().clone_htod(values) }
                         .map_err(|e| Error::from_alloc(device.device(), std::mem::size_of_val(values), e))?;
-                LabelData::Cuda { device, values: Arc::new(DeviceLabels { values, uses: StreamUses::new(&stream) }) }
+                let labels = DeviceLabels {
+                    device: device.clone(),
+                    values: ManuallyDrop::new(values),
+                    uses: ManuallyDrop::new(StreamUses::new(&stream)),
+                };
+                LabelData::Cuda { device, values: Arc::new(labels) }
             }
         };
         Ok(Labels { data, len: values.len(), max })
@@ -118,13 +144,14 @@ impl Labels {
                 if self.len == 0 {
                     return Ok(Vec::new());
                 }
+                crate::cuda::graph::refuse_while_capturing("Labels::to_vec", crate::cuda::graph::HOST_READ)?;
                 let stream = device.current_stream();
                 device.bind()?;
                 values.uses.read_on(&stream)?;
                 let mut out = vec![0u32; self.len];
                 stream
                     .raw()
-                    .memcpy_dtoh(&values.values, &mut out)
+                    .memcpy_dtoh(&*values.values, &mut out)
                     .map_err(|e| device.driver_error("copying labels to the host", e))?;
                 values.uses.read_done(&stream)?;
                 stream.synchronize()?;
@@ -155,6 +182,10 @@ impl Labels {
         let LabelData::Cuda { values, .. } = &self.data else {
             return Err(Error::DeviceMismatch { op, lhs: stream.device().device(), rhs: Device::Cpu });
         };
+        if let Some(capture) = stream.device().capture_on(stream) {
+            values.uses.check_capturable(op, stream, false)?;
+            capture.keep(values.clone()); // a replay reads them
+        }
         values.uses.read_on(stream)?;
         // Event tracking is off for opsmith's contexts: this only reads the address.
         let (ptr, _no_event) = values.values.device_ptr(stream.raw());

@@ -4,8 +4,9 @@
 mod common;
 
 use common::activation::{Act, inputs, tolerance};
-use common::optim::{ADAM_CASES, SGD_CASES, STEPS};
+use common::optim::{ADAM_CASES, LR_CHANGE_AFTER, SGD_CASES, STEPS, hyper};
 use common::{random_values, tensor, values};
+use opsmith_host::ops::AdamState;
 use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
 use rand::{SeedableRng, rngs::StdRng};
 
@@ -61,7 +62,9 @@ fn activations_cuda_close_to_cpu() -> Result<()> {
 }
 
 /// SGD and Adam run the same correctly rounded operations on both devices: the same bits after
-/// every step.
+/// every step. Adam with its state on the device too: the state advanced on each device (to the
+/// case's first step, then once a step, the learning rate quartered midway) holds the same
+/// progress and coefficients on both, and the steps give the same bits.
 #[test]
 fn optimizers_cuda_match_cpu_bitwise() -> Result<()> {
     let mut rng = StdRng::seed_from_u64(405);
@@ -109,6 +112,41 @@ fn optimizers_cuda_match_cpu_bitwise() -> Result<()> {
             }
         }
     }
+    for case in ADAM_CASES {
+        let (p0, h) = (init(&mut rng), hyper(&case));
+        let state = |device: Device| -> Result<([Tensor; 3], AdamState)> {
+            let tensors =
+                [tensor(&p0, dtype, device)?, Tensor::zeros([n], dtype, device)?, Tensor::zeros([n], dtype, device)?];
+            Ok((tensors, AdamState::new(case.lr, device)?))
+        };
+        let (([p_c, m_c, v_c], s_c), ([p_g, m_g, v_g], s_g)) = (state(Device::Cpu)?, state(GPU)?);
+        for _ in 1..case.step {
+            s_c.advance(&h)?;
+            s_g.advance(&h)?;
+        }
+        for t in case.step..case.step + STEPS {
+            if t == case.step + LR_CHANGE_AFTER {
+                s_c.set_lr(case.lr / 4.0)?;
+                s_g.set_lr(case.lr / 4.0)?;
+            }
+            s_c.advance(&h)?;
+            s_g.advance(&h)?;
+            let context = format!("adam_step_device {case:?} step {t}");
+            let (progress_c, progress_g) = (s_c.progress()?.to_array(), s_g.progress()?.to_array());
+            assert_eq!(progress_c.map(f64::to_bits), progress_g.map(f64::to_bits), "{context}: progress");
+            assert_eq!(progress_c[0], t as f64, "{context}: step count");
+            let bits = |s: &AdamState| -> Result<Option<[u32; 8]>> {
+                Ok(s.coefficients()?.map(|c| c.to_array().map(f32::to_bits)))
+            };
+            assert_eq!(bits(&s_c)?, bits(&s_g)?, "{context}: coefficients");
+            let g = init(&mut rng);
+            ops::adam_step_device(&p_c, &tensor(&g, dtype, Device::Cpu)?, &m_c, &v_c, &s_c)?;
+            ops::adam_step_device(&p_g, &tensor(&g, dtype, GPU)?, &m_g, &v_g, &s_g)?;
+            for (name, c, g) in [("param", &p_c, &p_g), ("m", &m_c, &m_g), ("v", &v_c, &v_g)] {
+                same(&format!("{context} {name}"), c, g)?;
+            }
+        }
+    }
     Ok(())
 }
 
@@ -126,6 +164,12 @@ fn device_mismatch_is_an_error() -> Result<()> {
     assert!(matches!(err, Error::DeviceMismatch { op: "adam_step", lhs: GPU, rhs: Device::Cpu }), "{err}");
     let sgd = ops::SgdStep { lr: 0.1, momentum: 0.0, weight_decay: 0.0 };
     assert!(matches!(ops::sgd_step(&x_gpu, &g_cpu, None, &sgd), Err(Error::DeviceMismatch { op: "sgd_step", .. })));
+    // The device-resident Adam state must be on the tensors' device.
+    let state = AdamState::new(1e-3, Device::Cpu)?;
+    state.advance(&hyper(&step))?;
+    let m = Tensor::zeros([3], DType::F32, GPU)?;
+    let err = ops::adam_step_device(&x_gpu, &on(GPU)?, &m, &m.copy()?, &state).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "adam_step_device", lhs: GPU, rhs: Device::Cpu }), "{err}");
     assert_eq!(values(&x_gpu)?, [1.0, -2.0, 3.0]);
     Ok(())
 }

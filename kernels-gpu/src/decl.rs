@@ -33,6 +33,9 @@ pub enum ElemKind {
     BF16,
     /// `u32` (class labels).
     U32,
+    /// `f64` (state that needs more than f32's precision, such as the capturable Adam's step
+    /// count and running powers).
+    F64,
 }
 
 impl ElemKind {
@@ -43,6 +46,7 @@ impl ElemKind {
             ElemKind::F16 => "f16",
             ElemKind::BF16 => "bf16",
             ElemKind::U32 => "u32",
+            ElemKind::F64 => "f64",
         }
     }
 }
@@ -134,6 +138,9 @@ impl KernelElement for Bf16 {
 }
 impl KernelElement for u32 {
     const KIND: ElemKind = ElemKind::U32;
+}
+impl KernelElement for f64 {
+    const KIND: ElemKind = ElemKind::F64;
 }
 
 /// A type a kernel's scalar parameter may have.
@@ -341,7 +348,7 @@ impl<P> KernelDecl<P> {
 /// length is an expression of the kernel's integer scalar parameters (and integer literals):
 /// `*const [T; len]` for a buffer the kernel reads, `*mut [T; len]` for one it writes, with
 /// `#[in_place]` before a `*mut` parameter the kernel may be given one of its inputs for. `T`
-/// is `f32`, [`F16`], [`Bf16`] or `u32`. Scalars are `u32`, `i32`, `u64`, `i64`, `f32` or
+/// is `f32`, [`F16`], [`Bf16`], `u32` or `f64`. Scalars are `u32`, `i32`, `u64`, `i64`, `f32` or
 /// `f64`.
 ///
 /// * Compiled for nvptx64, the macro emits `#[no_mangle] unsafe extern "ptx-kernel" fn`, with

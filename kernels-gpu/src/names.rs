@@ -138,14 +138,20 @@ pub struct OptimizerKernels {
     pub sgd: KernelDecl<(In, In, Out, f32, f32, u64)>,
     /// SGD with a momentum buffer, in place.
     pub sgd_momentum: KernelDecl<(In, In, In, Out, Out, f32, f32, f32, u64)>,
-    /// Adam (AdamW), parameter and both moments in place.
+    /// Adam (AdamW), parameter and both moments in place, its per-step scalars passed as
+    /// parameters.
     pub adam: KernelDecl<(In, In, In, In, Out, Out, Out, f32, f32, f32, f32, f32, f32, f32, f32, u64)>,
+    /// Adam (AdamW) as `adam`, its per-step scalars read from a buffer of 8 f32 (capturable).
+    pub adam_device: KernelDecl<(In, In, In, In, Out, Out, Out, In, u64)>,
+    /// One step of the capturable Adam's state (4 f64) on the device, writing the 8 f32
+    /// coefficients that `adam_device` reads.
+    pub adam_advance: KernelDecl<(Out, Out, f64, f64, f64, f64)>,
 }
 
 impl OptimizerKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 3] {
-        [self.sgd.name(), self.sgd_momentum.name(), self.adam.name()]
+    pub const fn all(&self) -> [&'static str; 5] {
+        [self.sgd.name(), self.sgd_momentum.name(), self.adam.name(), self.adam_device.name(), self.adam_advance.name()]
     }
 }
 
@@ -365,7 +371,7 @@ pub const ALL_LOSS: [LossKernels; 3] = [loss::F32, loss::F16, loss::BF16];
 /// // Three dtypes of elementwise, reduction, activation, softmax and loss kernels; f32 optimizers.
 /// // Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1 long kernel. And the
 /// // benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (8 + 5 + 6 + 2 * (3 + 1 + 1) + 4) + 3 + 1);
+/// assert_eq!(names.len(), 3 * (8 + 5 + 6 + 2 * (3 + 1 + 1) + 4) + 5 + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]
@@ -391,7 +397,7 @@ pub enum Family {
     Reduction,
     /// `relu`, `gelu`, `silu` and their backwards.
     Activation,
-    /// SGD (plain and momentum) and Adam steps.
+    /// SGD (plain and momentum) and Adam steps, and the capturable Adam's state update.
     Optimizer,
     /// Softmax forward and backward, by row length.
     Softmax,

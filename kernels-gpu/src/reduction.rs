@@ -120,26 +120,47 @@ macro_rules! reduction_family {
             }
         }
 
-        /// `out[c] = g[0, c] + g[1, c] + … + g[rows - 1, c]` in f32, in row order: the backward
-        /// of the bias row.
+        /// `out[c] = g[0, c] + g[1, c] + … + g[rows - 1, c]`, added in f32: the backward of the
+        /// bias row.
         ///
-        /// Thread mapping: one thread per column, grid-stride over columns; neighbouring threads
-        /// read neighbouring columns, so every row is read coalesced.
+        /// Thread mapping: a block takes 32 neighbouring columns at a time (block-stride over
+        /// tiles of 32), lane `l` of every warp column `l` of the tile, so each warp reads 32
+        /// neighbouring values of a row (coalesced). The block's `W` warps split the rows: warp
+        /// `w` adds rows `w, w + W, …` in order, and the warps' sums are added in warp order
+        /// ([`LaneSums`](crate::device::block::LaneSums)). With a few columns, all of a block's
+        /// warps still read rows at once; the order of the additions depends only on the block
+        /// size, so every run gives the same bits.
         ///
         /// # Safety
         /// `g` is valid for `rows * cols` elements and `out` for `cols`; they do not overlap.
+        /// `blockDim.x` is a multiple of 32, at most 1024, and `blockDim.y = blockDim.z = 1`.
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $sum_rows(g: *const $elem, out: *mut $elem, rows: u64, cols: u64) {
-            use crate::device::{element::Element, index};
-            for c in index::GridStride::over(0, cols) {
+            use crate::device::{block::LaneSums, element::Element, index};
+            use core::arch::nvptx;
+            let mut sums = LaneSums::new();
+            // SAFETY: reading the special registers has no preconditions.
+            let (thread, threads) = unsafe { (nvptx::_thread_idx_x() as u64, nvptx::_block_dim_x() as u64) };
+            let (lane, warp, warps) = (thread % 32, thread / 32, (threads / 32).max(1));
+            // Every thread of a block takes the same tiles, so all reach each barrier together.
+            for tile in index::GridStride::over_blocks(cols.div_ceil(32)) {
+                let c = tile * 32 + lane;
                 let mut acc = 0.0f32;
-                for r in 0..rows {
-                    // SAFETY: r * cols + c < rows * cols.
-                    acc += unsafe { g.add((r * cols + c) as usize).read() }.to_f32();
+                if c < cols {
+                    let mut r = warp;
+                    while r < rows {
+                        // SAFETY: r < rows and c < cols.
+                        acc += unsafe { g.add((r * cols + c) as usize).read() }.to_f32();
+                        r += warps;
+                    }
                 }
-                // SAFETY: c < cols.
-                unsafe { out.add(c as usize).write(<$elem>::from_f32(acc)) };
+                // SAFETY: every thread of the block calls it, once per tile (see above).
+                let total = unsafe { sums.sum_to_first_warp(acc) };
+                if warp == 0 && c < cols {
+                    // SAFETY: c < cols.
+                    unsafe { out.add(c as usize).write(<$elem>::from_f32(total)) };
+                }
             }
         }
     };

@@ -9,6 +9,12 @@
 //! time; a handle per stream keeps every result reproducible. Handles are never destroyed
 //! (at process exit the driver may already be gone); once nobody holds a handle's stream any
 //! more, the handle is handed to the next new stream of its device.
+//!
+//! Each handle gets a fixed workspace of its own when it is created (32 MiB, cuBLAS's
+//! recommendation for Hopper; `OPSMITH_CUBLAS_WORKSPACE=<bytes>` sets another size, 0 for none),
+//! as PyTorch gives its handles: without one, cuBLAS allocates workspace during a call, which a
+//! CUDA graph capture cannot record, so matmuls could not be captured. Without a workspace,
+//! cuBLAS picks kernels that need none (no split-K reduction).
 use super::Stream;
 use crate::{Error, Result};
 use cudarc::cublas::result::{self as cublas, CublasError};
@@ -68,7 +74,29 @@ pub fn cublas_handles() -> usize {
     POOL.lock().len()
 }
 
-struct Handle(sys::cublasHandle_t);
+/// The workspace each handle gets by default: cuBLAS's recommended size for Hopper (32 MiB),
+/// also enough for older GPUs' kernels.
+const DEFAULT_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// The workspace size: `OPSMITH_CUBLAS_WORKSPACE` (bytes) when it is set to a number, else the
+/// default. Read once.
+fn workspace_bytes() -> usize {
+    static BYTES: OnceLock<usize> = OnceLock::new();
+    *BYTES.get_or_init(|| {
+        std::env::var("OPSMITH_CUBLAS_WORKSPACE")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_WORKSPACE_BYTES)
+    })
+}
+
+/// A handle and its workspace (device memory from `cuMemAlloc`, never freed, like the handle;
+/// address 0 when the size is 0).
+struct Handle {
+    raw: sys::cublasHandle_t,
+    workspace: u64,
+    workspace_bytes: usize,
+}
 
 // SAFETY: cuBLAS handles may be used from any host thread; each one is used by one thread at a
 // time, under its mutex.
@@ -95,7 +123,7 @@ pub(crate) fn with_handle<R>(
     stream.device().bind()?;
     let handle = handle_for(stream, blas_error)?;
     let guard = handle.lock();
-    f(guard.0)
+    f(guard.raw)
 }
 
 fn handle_for(stream: &Stream, blas_error: &dyn Fn(&'static str, CublasError) -> Error) -> Result<Arc<Mutex<Handle>>> {
@@ -113,18 +141,42 @@ fn handle_for(stream: &Stream, blas_error: &dyn Fn(&'static str, CublasError) ->
     if let Some(entry) = idle {
         // Work queued on the old stream may still be using the handle's workspace.
         entry.stream.synchronize().map_err(|source| stream.device().driver_error("cuStreamSynchronize", source))?;
-        // SAFETY: the handle is live and unused, and the stream belongs to the current context.
-        unsafe { cublas::set_stream(entry.handle.lock().0, raw_stream.cu_stream() as sys::cudaStream_t) }
-            .map_err(|source| blas_error("cublasSetStream", source))?;
+        let handle = entry.handle.lock();
+        // SAFETY: the handle is live and unused, the stream belongs to the current context, and
+        // the workspace is the handle's own (setting a stream resets it, so it is set again).
+        unsafe { bind(&handle, raw_stream) }.map_err(|(call, source)| blas_error(call, source))?;
+        drop(handle);
         entry.stream = raw_stream.clone();
         return Ok(entry.handle.clone());
     }
-    let handle = Handle(cublas::create_handle().map_err(|source| blas_error("cublasCreate", source))?);
+    let workspace_bytes = workspace_bytes();
+    let workspace = match workspace_bytes {
+        0 => 0,
+        // SAFETY: a plain allocation in the context current on this thread (bound by
+        // `with_handle`); cuBLAS only uses it as scratch space.
+        bytes => unsafe { cudarc::driver::result::malloc_sync(bytes) }
+            .map_err(|e| Error::from_alloc(stream.device().device(), bytes, e))?,
+    };
+    let raw = match cublas::create_handle() {
+        Ok(raw) => raw,
+        Err(source) => {
+            if workspace != 0 {
+                // SAFETY: allocated above and not used by anything.
+                let _ = unsafe { cudarc::driver::result::free_sync(workspace) };
+            }
+            return Err(blas_error("cublasCreate", source));
+        }
+    };
+    let handle = Handle { raw, workspace, workspace_bytes };
     // SAFETY: the handle was just created; the stream belongs to the current context.
-    let configured = unsafe { configure(handle.0, raw_stream) };
+    let configured = unsafe { configure(&handle, raw_stream) };
     if let Err((call, source)) = configured {
-        // SAFETY: the handle was created above and is not used after this.
-        let _ = unsafe { cublas::destroy_handle(handle.0) };
+        // SAFETY: the handle and workspace were created above and are not used after this.
+        let _ = unsafe { cublas::destroy_handle(handle.raw) };
+        if workspace != 0 {
+            // SAFETY: as above.
+            let _ = unsafe { cudarc::driver::result::free_sync(workspace) };
+        }
         return Err(blas_error(call, source));
     }
     let handle = Arc::new(Mutex::new(handle));
@@ -132,18 +184,35 @@ fn handle_for(stream: &Stream, blas_error: &dyn Fn(&'static str, CublasError) ->
     Ok(handle)
 }
 
-/// Binds a new handle to its stream and sets its math mode: no TF32 (f32 products are full f32,
-/// so CUDA agrees with the CPU to f32 rounding), and split-K partial sums reduced in the compute
-/// type (f32) rather than the output type, so f16 and bf16 results are rounded once.
+/// Binds a new handle to its stream and workspace and sets its math mode: no TF32 (f32
+/// products are full f32, so CUDA agrees with the CPU to f32 rounding), and split-K partial sums
+/// reduced in the compute type (f32) rather than the output type, so f16 and bf16 results are
+/// rounded once.
 ///
 /// # Safety
-/// `handle` is a live handle; `stream` belongs to the context current on this thread.
-unsafe fn configure(handle: sys::cublasHandle_t, stream: &CudaStream) -> Result<(), (&'static str, CublasError)> {
+/// `handle` is live; `stream` belongs to the context current on this thread.
+unsafe fn configure(handle: &Handle, stream: &CudaStream) -> Result<(), (&'static str, CublasError)> {
     // SAFETY: forwarded from this function's contract.
     unsafe {
-        cublas::set_stream(handle, stream.cu_stream() as sys::cudaStream_t).map_err(|e| ("cublasSetStream", e))?;
-        sys::cublasSetMathMode(handle, sys::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
+        bind(handle, stream)?;
+        sys::cublasSetMathMode(handle.raw, sys::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
             .result()
             .map_err(|e| ("cublasSetMathMode", e))
+    }
+}
+
+/// Sets `handle`'s stream, then its workspace (setting a stream resets the workspace to cuBLAS's
+/// own pool).
+///
+/// # Safety
+/// `handle` is live and no call uses it; `stream` belongs to the context current on this thread.
+unsafe fn bind(handle: &Handle, stream: &CudaStream) -> Result<(), (&'static str, CublasError)> {
+    // SAFETY: forwarded from this function's contract; the workspace holds `workspace_bytes`
+    // bytes of the same context (none when 0) and belongs to this handle alone.
+    unsafe {
+        cublas::set_stream(handle.raw, stream.cu_stream() as sys::cudaStream_t).map_err(|e| ("cublasSetStream", e))?;
+        sys::cublasSetWorkspace_v2(handle.raw, handle.workspace as *mut std::ffi::c_void, handle.workspace_bytes)
+            .result()
+            .map_err(|e| ("cublasSetWorkspace", e))
     }
 }

@@ -17,6 +17,8 @@
 //! blocks held here too, as an allocation that runs out of memory does before it retries. There
 //! is no eviction: once the cache is full, blocks of sizes it does not hold are freed as
 //! before, until a release empties it.
+use super::CudaDevice;
+use super::stream_order::StreamUses;
 use cudarc::driver::CudaSlice;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -74,5 +76,18 @@ impl BlockCache {
     pub(crate) fn clear(&self) {
         let taken = std::mem::take(&mut *self.state.lock());
         drop(taken);
+    }
+}
+
+/// Frees `block`, a device allocation whose stream uses are `uses`, on the stream that allocated
+/// it after every other stream that used it; a small block of the default stream is kept here
+/// for the next allocation of its size there instead.
+pub(crate) fn release(device: &CudaDevice, block: CudaSlice<u8>, uses: &StreamUses) {
+    uses.before_free();
+    if uses.home_is_default() {
+        // Handed back (and freed here) when too large or the cache is full.
+        drop(device.block_cache().put(block));
+    } else {
+        drop(block);
     }
 }

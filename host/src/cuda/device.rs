@@ -1,11 +1,13 @@
 //! One shared context (and default stream, and loaded kernel families) per CUDA device.
 use super::block_cache::BlockCache;
+use super::graph::ActiveCapture;
 use super::module::{Kernel, KernelModule};
 use super::prebuilt::{self, Family, KernelImage};
 use super::stream::Stream;
 use crate::{Device, Error, Result};
 use cudarc::driver::{CudaContext, CudaStream, sys::CUdevice_attribute};
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -38,6 +40,10 @@ struct Inner {
     blocks: BlockCache,
     /// Modules of kernel crates ([`KernelCrate`](super::KernelCrate)), by name and PTX address.
     user_modules: Mutex<Vec<(&'static str, usize, Arc<KernelModule>)>>,
+    /// The graph capture in progress on this device, if any ([`super::Graph::capture`]);
+    /// `capturing` says whether there is one without taking the lock, as every allocation asks.
+    capture: Mutex<Option<Arc<ActiveCapture>>>,
+    capturing: AtomicBool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -167,6 +173,8 @@ impl CudaDevice {
             families: Default::default(),
             blocks: BlockCache::default(),
             user_modules: Mutex::new(Vec::new()),
+            capture: Mutex::new(None),
+            capturing: AtomicBool::new(false),
         })))
     }
 
@@ -324,6 +332,7 @@ impl CudaDevice {
     /// # Ok(()) }
     /// ```
     pub fn synchronize(&self) -> Result<()> {
+        super::graph::refuse_while_capturing("CudaDevice::synchronize", super::graph::SYNC)?;
         self.0.ctx.synchronize().map_err(|source| self.driver_error("cuCtxSynchronize", source))
     }
 
@@ -486,6 +495,37 @@ impl CudaDevice {
 
     pub(crate) fn block_cache(&self) -> &BlockCache {
         &self.0.blocks
+    }
+
+    /// The graph capture in progress on this device, if any.
+    pub(crate) fn active_capture(&self) -> Option<Arc<ActiveCapture>> {
+        if !self.0.capturing.load(Ordering::Acquire) {
+            return None;
+        }
+        self.0.capture.lock().clone()
+    }
+
+    /// The capture in progress on `stream`, if that stream is capturing.
+    pub(crate) fn capture_on(&self, stream: &Stream) -> Option<Arc<ActiveCapture>> {
+        self.active_capture().filter(|capture| capture.is_on(stream))
+    }
+
+    /// Starts tracking `capture`; false when another one is in progress on this device.
+    pub(crate) fn try_set_active_capture(&self, capture: Arc<ActiveCapture>) -> bool {
+        let mut slot = self.0.capture.lock();
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(capture);
+        self.0.capturing.store(true, Ordering::Release);
+        true
+    }
+
+    /// Ends tracking the capture in progress.
+    pub(crate) fn clear_active_capture(&self) {
+        let mut slot = self.0.capture.lock();
+        self.0.capturing.store(false, Ordering::Release);
+        *slot = None;
     }
 
     /// Whether `stream` is this device's default stream.

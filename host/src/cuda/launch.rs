@@ -136,7 +136,9 @@ pub fn len_as_u32(kernel: &'static str, n: usize) -> Result<u32> {
 }
 
 /// Whether `OPSMITH_LAUNCH_BLOCKING=1` was set when the first launch happened: then every launch
-/// synchronizes its stream, so an asynchronous fault is reported by the launch that caused it.
+/// synchronizes its stream, so an asynchronous fault is reported by the launch that caused it
+/// (except inside a [`Graph::capture`](super::Graph::capture), which records launches without
+/// running them; each [`Graph::replay`](super::Graph::replay) synchronizes instead).
 ///
 /// ```
 /// if opsmith_host::cuda::launch_blocking() {
@@ -146,6 +148,7 @@ pub fn len_as_u32(kernel: &'static str, n: usize) -> Result<u32> {
 pub fn launch_blocking() -> bool {
     static BLOCKING: OnceLock<bool> = OnceLock::new();
     *BLOCKING.get_or_init(|| std::env::var("OPSMITH_LAUNCH_BLOCKING").is_ok_and(|v| v == "1"))
+        && !super::graph::capturing_thread()
 }
 
 /// One kernel parameter for [`Kernel::launch`].

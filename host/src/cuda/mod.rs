@@ -8,6 +8,7 @@
 //! * [`launch`] and [`KernelCrate`]: typed, checked launches of kernels declared with
 //!   `opsmith_kernels::kernel!` (opsmith's own, or a kernel crate's PTX).
 //! * [`LaunchConfig`] and [`Grid`]: checked launch geometry.
+//! * [`Graph`]: a sequence of ops captured once and replayed with one launch (CUDA graphs).
 //! * [`can_access_peer`]: whether two GPUs of this host reach each other's memory directly.
 //! * [`time_runs`]: event-timed medians of GPU work, for benchmarks.
 //! * `require_cublas` (with the `cublas` feature): whether cuBLAS (which `ops::matmul` uses)
@@ -33,6 +34,7 @@
 pub(crate) mod blas;
 pub(crate) mod block_cache;
 mod device;
+pub mod graph;
 mod launch;
 mod module;
 pub(crate) mod peer;
@@ -45,6 +47,7 @@ mod typed_launch;
 #[cfg(feature = "cublas")]
 pub use blas::{cublas_available, cublas_handles, require_cublas};
 pub use device::{CudaDevice, LoadedModule};
+pub use graph::Graph;
 pub use launch::{DEFAULT_BLOCK, KernelArg, LaunchConfig, launch_blocking, len_as_u32};
 pub use module::{Kernel, KernelModule};
 pub use peer::can_access_peer;

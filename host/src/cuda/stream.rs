@@ -179,6 +179,7 @@ impl Stream {
     /// # Ok(()) }
     /// ```
     pub fn synchronize(&self) -> Result<()> {
+        super::graph::refuse_while_capturing("Stream::synchronize", super::graph::SYNC)?;
         self.inner.synchronize().map_err(|source| self.device.driver_error("cuStreamSynchronize", source))
     }
 
@@ -221,6 +222,13 @@ impl Stream {
     /// # Ok(()) }
     /// ```
     pub fn wait(&self, event: &Event) -> Result<()> {
+        if self.device.capture_on(self).is_some() {
+            return Err(crate::Error::Capture {
+                op: "Stream::wait",
+                reason: "a graph records one stream, and a wait for an event recorded outside it cannot be replayed"
+                    .into(),
+            });
+        }
         self.inner.wait(&event.inner).map_err(|source| self.device.driver_error("cuStreamWaitEvent", source))
     }
 }
@@ -255,6 +263,7 @@ impl Event {
     /// # Ok(()) }
     /// ```
     pub fn synchronize(&self) -> Result<()> {
+        super::graph::refuse_while_capturing("Event::synchronize", super::graph::SYNC)?;
         self.inner.synchronize().map_err(|source| self.device.driver_error("cuEventSynchronize", source))
     }
 

@@ -49,6 +49,27 @@ impl StreamUses {
         self.home.device().is_default_stream(&self.home)
     }
 
+    /// `Err(Error::Capture)` naming `op` unless `stream`, which is capturing a graph, can use
+    /// the memory without waiting for another stream: a graph records one stream's work, and a
+    /// wait for an event recorded outside it cannot be part of it.
+    pub(crate) fn check_capturable(&self, op: &'static str, stream: &Stream, write: bool) -> Result<()> {
+        let uses = self.state.lock();
+        let how = if !uses.writer.same_as(stream) {
+            "written"
+        } else if write && !uses.readers.is_empty() {
+            "read"
+        } else {
+            return Ok(());
+        };
+        Err(crate::Error::Capture {
+            op,
+            reason: format!(
+                "an operand was last {how} on another stream than the capturing {stream:?}, and a graph records \
+                 one stream's work: make or overwrite the operand on the capturing stream before the capture"
+            ),
+        })
+    }
+
     /// Orders the work `stream` queues next after the last write. Call
     /// [`read_done`](Self::read_done) once that work is queued.
     pub(crate) fn read_on(&self, stream: &Stream) -> Result<()> {

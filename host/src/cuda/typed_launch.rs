@@ -296,7 +296,7 @@ fn elem_kind(dtype: DType) -> Option<ElemKind> {
         DType::F32 => Some(ElemKind::F32),
         DType::F16 => Some(ElemKind::F16),
         DType::BF16 => Some(ElemKind::BF16),
-        DType::F64 => None,
+        DType::F64 => Some(ElemKind::F64),
     }
 }
 

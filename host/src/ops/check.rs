@@ -3,6 +3,16 @@
 use crate::{Error, Result, Tensor};
 use std::sync::Arc;
 
+/// `Err(Error::Capture)` when this thread is capturing a CUDA graph: the CPU half of an op
+/// calls it first, as CPU work would run once, at capture, and never in a replay.
+pub(crate) fn cpu_work(op: &'static str) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    crate::cuda::graph::refuse_while_capturing(op, crate::cuda::graph::CPU_WORK)?;
+    #[cfg(not(feature = "cuda"))]
+    let _ = op;
+    Ok(())
+}
+
 /// All tensors are on the first one's device.
 pub(crate) fn same_device(op: &'static str, ts: &[&Tensor]) -> Result<()> {
     let first = ts[0].device();

@@ -68,9 +68,15 @@ pub(super) fn elementwise<Op: ElementwiseOp<I, O>, const I: usize, const O: usiz
     inputs: [&Tensor; I],
     outputs: [&Tensor; O],
 ) -> Result<()> {
-    let first = inputs[0];
-    let n = check_launch_len(op.name(), first.elem_count(), first.dtype())?;
+    over_elements(op.name(), inputs[0], |on| op.launch(on, inputs, outputs))
+}
+
+/// Runs `launch` with the [`Launch`] over the elements of `first` (each elementwise operand has
+/// as many), for the ops whose kernel also takes a buffer that is not an elementwise operand:
+/// the capturable Adam step reads its coefficients from one.
+pub(super) fn over_elements(op: &'static str, first: &Tensor, launch: impl FnOnce(Launch) -> Result<()>) -> Result<()> {
+    let n = check_launch_len(op, first.elem_count(), first.dtype())?;
     // One 16-byte pack per thread.
     let lanes = (16 / first.dtype().size_in_bytes()) as u64;
-    op.launch(Launch { op: op.name(), first, n, grid: Grid::covering(n.div_ceil(lanes)) }, inputs, outputs)
+    launch(Launch { op, first, n, grid: Grid::covering(n.div_ceil(lanes)) })
 }

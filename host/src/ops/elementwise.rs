@@ -47,7 +47,10 @@ fn dispatch<Op: ElementwiseOp<I, O>, const I: usize, const O: usize>(
     outputs: [&Tensor; O],
 ) -> Result<()> {
     match inputs[0].device() {
-        Device::Cpu => cpu::elementwise(op, inputs, outputs),
+        Device::Cpu => {
+            check::cpu_work(op.name())?;
+            cpu::elementwise(op, inputs, outputs)
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => super::cuda::elementwise(op, inputs, outputs),
         #[cfg(not(feature = "cuda"))]

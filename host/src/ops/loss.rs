@@ -88,6 +88,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
     let (rows, classes) = classification("cross_entropy", logits, labels)?;
     match logits.device() {
         Device::Cpu => {
+            check::cpu_work("cross_entropy")?;
             let labels = host_labels("cross_entropy", labels)?;
             cross_entropy_cpu(logits, labels, classes)
         }
@@ -153,6 +154,7 @@ pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> R
     scalar_gradient("cross_entropy_backward", g, logits)?;
     match logits.device() {
         Device::Cpu => {
+            check::cpu_work("cross_entropy_backward")?;
             let labels = host_labels("cross_entropy_backward", labels)?;
             cross_entropy_backward_cpu(g, logits, labels, classes)
         }
@@ -217,7 +219,10 @@ fn cross_entropy_backward_cpu(g: &Tensor, logits: &Tensor, labels: &[u32], class
 pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
     let n = squared_error_operands("mse_loss", pred, target)?;
     match pred.device() {
-        Device::Cpu => with_element_type!(pred.dtype(), T => mse_loss_cpu::<T>(pred, target)),
+        Device::Cpu => {
+            check::cpu_work("mse_loss")?;
+            with_element_type!(pred.dtype(), T => mse_loss_cpu::<T>(pred, target))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let table = dtype_table("mse_loss", pred, ALL_LOSS)?;
@@ -266,7 +271,10 @@ pub fn mse_loss_backward(g: &Tensor, pred: &Tensor, target: &Tensor) -> Result<T
     scalar_gradient("mse_loss_backward", g, pred)?;
     let scale = 2.0 / n as f64;
     match pred.device() {
-        Device::Cpu => mse_loss_backward_cpu(g, pred, target, scale),
+        Device::Cpu => {
+            check::cpu_work("mse_loss_backward")?;
+            mse_loss_backward_cpu(g, pred, target, scale)
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let table = dtype_table("mse_loss_backward", pred, ALL_LOSS)?;

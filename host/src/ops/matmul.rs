@@ -204,7 +204,10 @@ fn product_into(
 /// Runs a checked, non-trivial product on the operands' device.
 fn compute(p: &Product, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
     match a.device() {
-        Device::Cpu => with_element_type!(a.dtype(), T => cpu::<T>(p, a, b, out)),
+        Device::Cpu => {
+            check::cpu_work("matmul")?;
+            with_element_type!(a.dtype(), T => cpu::<T>(p, a, b, out))
+        }
         #[cfg(feature = "cublas")]
         Device::Cuda(ordinal) => cuda(p, ordinal, a, b, out),
         #[cfg(not(feature = "cublas"))]

@@ -13,7 +13,9 @@
 //! and agree to a few f32 ulps (see [`softmax`]); and the matrix products ([`matmul`], on cuBLAS), which
 //! add their products in another order on each device and agree to within f32 rounding.
 //!
-//! The optimizer steps ([`sgd_step`], [`adam_step`]) update their tensors in place.
+//! The optimizer steps ([`sgd_step`], [`adam_step`], [`adam_step_device`]) update their tensors
+//! in place; [`AdamState`] keeps Adam's step count and learning rate on the device, so that a
+//! CUDA graph can record Adam steps.
 //!
 //! ```
 //! # fn main() -> opsmith_host::Result<()> {
@@ -45,7 +47,9 @@ pub use activation::{
 };
 pub use loss::{cross_entropy, cross_entropy_backward, mse_loss, mse_loss_backward};
 pub use matmul::{matmul, matmul_into, matmul_t, matmul_t_into};
-pub use optim::{AdamStep, SgdStep, adam_step, sgd_step};
+pub use optim::{
+    AdamCoefficients, AdamHyper, AdamProgress, AdamState, AdamStep, SgdStep, adam_step, adam_step_device, sgd_step,
+};
 pub use reduce::{add_row, expand_scalar, mean, sum, sum_rows};
 pub use softmax::{softmax, softmax_backward};
 

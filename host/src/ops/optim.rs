@@ -7,13 +7,24 @@
 //! Parameter, gradient and state share one dtype, shape and device: f32 on CUDA, f32 or f64 on
 //! the CPU. Every tensor written (parameter, momentum buffer, moments) has its version bumped,
 //! so autograd notices a saved tensor updated before backward.
+//!
+//! Adam comes in two forms. [`adam_step`] takes the step number and learning rate from the
+//! caller and passes the step's scalars to its kernel. [`adam_step_device`] reads them from an
+//! [`AdamState`] kept on the tensors' device, which [`AdamState::advance`] moves on one step
+//! there: on CUDA both are kernel launches and nothing else, so they can be recorded into a
+//! CUDA graph whose replays keep counting steps and see a learning rate changed between
+//! replays ([`AdamState::set_lr`]).
 use super::check;
 #[cfg(feature = "cuda")]
 use super::cuda::Launch;
 use super::elementwise::{ElementwiseOp, run};
 use crate::dtype::Accumulator;
 use crate::{DType, Device, Error, Result, Tensor};
-use opsmith_kernels::optim::{self as formula, AdamCoefficients};
+use opsmith_kernels::optim::{self as formula};
+pub use opsmith_kernels::optim::{AdamCoefficients, AdamHyper, AdamProgress};
+use parking_lot::Mutex;
+#[cfg(feature = "cuda")]
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One step of SGD: with momentum `μ > 0`, `buf = μ·buf + (grad + wd·p)` then `p -= lr·buf`;
 /// without (`μ = 0`, no buffer), `p -= lr·(grad + wd·p)`.
@@ -73,13 +84,8 @@ impl AdamStep {
     fn validate(&self) -> Result<()> {
         let op = "adam_step";
         non_negative(op, "lr", self.lr)?;
-        non_negative(op, "eps", self.eps)?;
-        non_negative(op, "weight_decay", self.weight_decay)?;
-        for (name, beta) in [("beta1", self.beta1), ("beta2", self.beta2)] {
-            if !(0.0..1.0).contains(&beta) {
-                return Err(Error::InvalidArgument { op, reason: format!("{name} must be in [0, 1), got {beta}") });
-            }
-        }
+        let hyper = AdamHyper { beta1: self.beta1, beta2: self.beta2, eps: self.eps, weight_decay: self.weight_decay };
+        validate_hyper(op, &hyper)?;
         if self.step == 0 {
             return Err(Error::InvalidArgument { op, reason: "step counts from 1, got 0".into() });
         }
@@ -149,24 +155,27 @@ impl ElementwiseOp<3, 2> for SgdMomentum {
     }
 }
 
-/// An [`AdamStep`] by its per-step scalars (computed once, not per element): inputs
-/// `[param, grad, m, v]`, outputs `[param, m, v]`.
+/// An Adam step by its per-step scalars (computed once, not per element): inputs
+/// `[param, grad, m, v]`, outputs `[param, m, v]`. `op` is the public function that runs it.
 #[derive(Clone, Copy)]
-struct Adam(AdamCoefficients<f64>);
+struct Adam {
+    op: &'static str,
+    coefficients: AdamCoefficients<f64>,
+}
 
 impl ElementwiseOp<4, 3> for Adam {
     fn name(&self) -> &'static str {
-        "adam_step"
+        self.op
     }
     #[inline(always)]
     fn compute<A: Accumulator>(&self, [p, g, m, v]: [A; 4]) -> [A; 3] {
-        let (p, m, v) = formula::adam(p, g, m, v, &self.0.map(A::from_f64));
+        let (p, m, v) = formula::adam(p, g, m, v, &self.coefficients.map(A::from_f64));
         [p, m, v]
     }
     #[cfg(feature = "cuda")]
     fn launch(&self, on: Launch, [p, g, m, v]: [&Tensor; 4], [p_out, m_out, v_out]: [&Tensor; 3]) -> Result<()> {
         let [b1, one_minus_b1, b2, one_minus_b2, eps, lr_wd, step_size, inv_sqrt_bias2] =
-            self.0.to_array().map(|c| c as f32);
+            self.coefficients.to_array().map(|c| c as f32);
         let adam = on.optimizer()?.adam;
         on.run(
             adam,
@@ -257,5 +266,320 @@ pub fn sgd_step(param: &Tensor, grad: &Tensor, momentum_buf: Option<&Tensor>, st
 pub fn adam_step(param: &Tensor, grad: &Tensor, m: &Tensor, v: &Tensor, step: &AdamStep) -> Result<()> {
     step.validate()?;
     check_operands("adam_step", &[param, grad, m, v])?;
-    run(Adam(step.coefficients()), [param, grad, m, v], [param, m, v])
+    run(Adam { op: "adam_step", coefficients: step.coefficients() }, [param, grad, m, v], [param, m, v])
+}
+
+/// The scalars that an Adam step takes from one step to the next, kept on one device: the
+/// step count, the running powers β1^step and β2^step and the learning rate
+/// ([`AdamProgress`], in f64), and the coefficients of the current step
+/// ([`AdamCoefficients`], each rounded to f32 on CUDA). [`adam_step_device`] reads the
+/// coefficients there; [`advance`](Self::advance) makes the next step's from the progress.
+///
+/// This is what makes Adam *capturable* (as PyTorch's `capturable=True`): on CUDA, `advance`
+/// and `adam_step_device` launch kernels on the device's current stream and do nothing else (no
+/// host read or copy, no synchronization, no allocation), so a CUDA graph records them, and
+/// each replay advances the step count on the device and uses the learning rate last written
+/// with [`set_lr`](Self::set_lr).
+///
+/// The CPU runs the same arithmetic ([`AdamProgress::advance`]) and rounds the coefficients the
+/// same way, so f32 parameters get the same bits on both devices.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::ops::{self, AdamHyper, AdamState};
+/// use opsmith_host::{Device, Tensor};
+/// let device = Device::cuda_if_available();
+/// let p = Tensor::from_vec(vec![1.0f32, -1.0], [2], device)?;
+/// let g = Tensor::from_vec(vec![0.5f32, -3.0], [2], device)?;
+/// let (m, v) = (Tensor::from_vec(vec![0.0f32; 2], [2], device)?, Tensor::from_vec(vec![0.0f32; 2], [2], device)?);
+/// let hyper = AdamHyper { beta1: 0.9, beta2: 0.999, eps: 0.0, weight_decay: 0.0 };
+/// let state = AdamState::new(0.125, device)?;
+/// state.advance(&hyper)?; // step 1
+/// ops::adam_step_device(&p, &g, &m, &v, &state)?;
+/// // The first bias-corrected step moves each parameter by lr against its gradient's sign.
+/// let after_one = p.to_vec::<f32>()?;
+/// assert!((after_one[0] - 0.875).abs() < 1e-6 && (after_one[1] + 0.875).abs() < 1e-6);
+/// state.set_lr(0.0)?; // from the next step on
+/// state.advance(&hyper)?;
+/// ops::adam_step_device(&p, &g, &m, &v, &state)?;
+/// assert_eq!(p.to_vec::<f32>()?, after_one);
+/// assert_eq!((state.step()?, state.lr()?), (2, 0.0));
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct AdamState {
+    device: Device,
+    place: Place,
+}
+
+/// Where an [`AdamState`] keeps its values.
+#[derive(Debug)]
+enum Place {
+    /// In host memory.
+    Cpu(Mutex<CpuAdam>),
+    /// In device memory: `progress` an f64 tensor of 4 elements ([`AdamProgress`] in field
+    /// order), `coefficients` an f32 tensor of 8 ([`AdamCoefficients`] in field order).
+    /// `advanced` says, without reading the device, whether `coefficients` was written yet.
+    #[cfg(feature = "cuda")]
+    Cuda { progress: Tensor, coefficients: Tensor, advanced: AtomicBool },
+}
+
+#[derive(Debug)]
+struct CpuAdam {
+    progress: AdamProgress,
+    /// The current step's, in f64 (f32 steps round them as the GPU's do); `None` before the
+    /// first step.
+    coefficients: Option<AdamCoefficients<f64>>,
+}
+
+/// Coefficients that leave `p`, `m` and `v` as they are (`m' = m`, `v' = v`, a denominator of
+/// 1 and a step size of 0): what the device holds until the first `advance` has run, so that a
+/// step that comes too early (after a capture that recorded the advance, before any replay)
+/// changes nothing.
+#[cfg(feature = "cuda")]
+const NO_STEP: AdamCoefficients<f32> = AdamCoefficients {
+    beta1: 1.0,
+    one_minus_beta1: 0.0,
+    beta2: 1.0,
+    one_minus_beta2: 0.0,
+    eps: 1.0,
+    lr_weight_decay: 0.0,
+    step_size: 0.0,
+    inv_sqrt_bias2: 0.0,
+};
+
+impl AdamState {
+    /// The state before the first step, with learning rate `lr` (finite, non-negative), on
+    /// `device`. On CUDA this allocates its two small tensors and loads the optimizer kernels,
+    /// so it belongs before a graph capture, not inside one.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, ops::AdamState};
+    /// let state = AdamState::new(1e-3, Device::Cpu)?;
+    /// assert_eq!((state.step()?, state.lr()?), (0, 1e-3));
+    /// assert!(AdamState::new(f64::NAN, Device::Cpu).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn new(lr: f64, device: Device) -> Result<AdamState> {
+        let op = "AdamState::new";
+        non_negative(op, "lr", lr)?;
+        let progress = AdamProgress::start(lr);
+        let place = match device {
+            Device::Cpu => Place::Cpu(Mutex::new(CpuAdam { progress, coefficients: None })),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(ordinal) => {
+                // Loaded now, so that the first step does not load a module (in a capture, say).
+                crate::cuda::CudaDevice::get(ordinal)?.module(opsmith_kernels::Family::Optimizer)?;
+                Place::Cuda {
+                    progress: Tensor::from_vec(progress.to_array().to_vec(), [4], device)?,
+                    coefficients: Tensor::from_vec(NO_STEP.to_array().to_vec(), [8], device)?,
+                    advanced: AtomicBool::new(false),
+                }
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => return Err(Error::cuda_disabled(op, device)),
+        };
+        Ok(AdamState { device, place })
+    }
+
+    /// The device the state lives on; [`adam_step_device`] takes tensors on this device only.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Moves the state on one step with the hyperparameters `hyper` (betas in [0, 1), `eps` and
+    /// `weight_decay` finite and non-negative): counts the step, multiplies the betas into
+    /// their powers, and makes the step's coefficients from them and the current learning
+    /// rate ([`AdamProgress::advance`]). Call it once per optimizer step, before the
+    /// [`adam_step_device`] calls of that step.
+    ///
+    /// On CUDA this is one kernel launch on the current stream (capturable); on the CPU it
+    /// runs at once. The bias corrections assume the same betas every step.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, ops::{AdamHyper, AdamState}};
+    /// let state = AdamState::new(0.5, Device::Cpu)?;
+    /// let hyper = AdamHyper { beta1: 0.5, beta2: 0.75, eps: 1e-8, weight_decay: 0.25 };
+    /// state.advance(&hyper)?;
+    /// let c = state.coefficients()?.expect("advanced once");
+    /// assert_eq!((c.step_size, c.inv_sqrt_bias2, c.lr_weight_decay), (1.0, 2.0, 0.125));
+    /// assert!(state.advance(&AdamHyper { beta1: 1.0, ..hyper }).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn advance(&self, hyper: &AdamHyper) -> Result<()> {
+        let op = "AdamState::advance";
+        validate_hyper(op, hyper)?;
+        match &self.place {
+            Place::Cpu(cpu) => {
+                check::cpu_work(op)?;
+                let mut cpu = cpu.lock();
+                let coefficients = cpu.progress.advance(hyper);
+                cpu.coefficients = Some(coefficients);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Place::Cuda { progress, coefficients, advanced } => {
+                launch_advance(progress, coefficients, hyper)?;
+                advanced.store(true, Ordering::Release);
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets the learning rate (finite, non-negative) of the steps after the next
+    /// [`advance`](Self::advance). On CUDA it copies 8 bytes to the device, ordered after the
+    /// work queued before it: call it between graph replays, not inside a capture (where it
+    /// fails with `Error::Capture`).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, ops::AdamState};
+    /// let state = AdamState::new(1e-3, Device::Cpu)?;
+    /// state.set_lr(5e-4)?;
+    /// assert_eq!(state.lr()?, 5e-4);
+    /// assert!(state.set_lr(-1.0).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn set_lr(&self, lr: f64) -> Result<()> {
+        non_negative("AdamState::set_lr", "lr", lr)?;
+        match &self.place {
+            Place::Cpu(cpu) => {
+                cpu.lock().progress.lr = lr;
+                Ok(())
+            }
+            // The learning rate is the last of the four values.
+            #[cfg(feature = "cuda")]
+            Place::Cuda { progress, .. } => progress.narrow(3, 1)?.write_values(&[lr]),
+        }
+    }
+
+    /// The progress: steps taken, the betas' running powers, the learning rate. On CUDA this
+    /// reads the device, so it waits for the work queued before it (and fails inside a graph
+    /// capture).
+    pub fn progress(&self) -> Result<AdamProgress> {
+        match &self.place {
+            Place::Cpu(cpu) => Ok(cpu.lock().progress),
+            #[cfg(feature = "cuda")]
+            Place::Cuda { progress, .. } => {
+                let values = progress.to_vec::<f64>()?;
+                let array = <[f64; 4]>::try_from(values).map_err(|v| Error::InvalidArgument {
+                    op: "AdamState::progress",
+                    reason: format!("the state holds {} values, not 4", v.len()),
+                })?;
+                Ok(AdamProgress::from_array(array))
+            }
+        }
+    }
+
+    /// The steps taken: the [`advance`](Self::advance) calls so far, including those replayed
+    /// in a CUDA graph. Reads the device, as [`progress`](Self::progress).
+    pub fn step(&self) -> Result<u64> {
+        // Exact: an f64 counts steps exactly up to 2^53.
+        Ok(self.progress()?.step as u64)
+    }
+
+    /// The learning rate of the next step. Reads the device, as [`progress`](Self::progress).
+    pub fn lr(&self) -> Result<f64> {
+        Ok(self.progress()?.lr)
+    }
+
+    /// The coefficients an f32 step uses now, each rounded from f64 to f32 (as CUDA keeps
+    /// them); `None` before the first [`advance`](Self::advance). Reads the device, as
+    /// [`progress`](Self::progress).
+    pub fn coefficients(&self) -> Result<Option<AdamCoefficients<f32>>> {
+        match &self.place {
+            Place::Cpu(cpu) => Ok(cpu.lock().coefficients.map(|c| c.map(|x| x as f32))),
+            #[cfg(feature = "cuda")]
+            Place::Cuda { coefficients, advanced, .. } => {
+                if !advanced.load(Ordering::Acquire) {
+                    return Ok(None);
+                }
+                let values = coefficients.to_vec::<f32>()?;
+                let array = <[f32; 8]>::try_from(values).map_err(|v| Error::InvalidArgument {
+                    op: "AdamState::coefficients",
+                    reason: format!("the state holds {} coefficients, not 8", v.len()),
+                })?;
+                Ok(Some(AdamCoefficients::from_array(array)))
+            }
+        }
+    }
+}
+
+/// The betas in [0, 1), `eps` and `weight_decay` finite and non-negative.
+fn validate_hyper(op: &'static str, hyper: &AdamHyper) -> Result<()> {
+    non_negative(op, "eps", hyper.eps)?;
+    non_negative(op, "weight_decay", hyper.weight_decay)?;
+    for (name, beta) in [("beta1", hyper.beta1), ("beta2", hyper.beta2)] {
+        if !(0.0..1.0).contains(&beta) {
+            return Err(Error::InvalidArgument { op, reason: format!("{name} must be in [0, 1), got {beta}") });
+        }
+    }
+    Ok(())
+}
+
+/// Launches `adam_advance` over `progress` (f64, 4) and `coefficients` (f32, 8), on one thread.
+#[cfg(feature = "cuda")]
+fn launch_advance(progress: &Tensor, coefficients: &Tensor, hyper: &AdamHyper) -> Result<()> {
+    use crate::cuda::{Grid, LaunchConfig};
+    let AdamHyper { beta1, beta2, eps, weight_decay } = *hyper;
+    let one_warp = Grid::Config(LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 });
+    crate::cuda::launch(
+        opsmith_kernels::names::optim::F32.adam_advance,
+        one_warp,
+        (progress, coefficients, beta1, beta2, eps, weight_decay),
+    )
+}
+
+/// One Adam (AdamW) step in one fused pass, in place, with its per-step scalars taken from
+/// `state` (on the tensors' device): updates `param` and the moments `m` and `v` (zeros before
+/// the first step) from `grad`, as [`adam_step`] does, with the step count and learning rate
+/// that `state` holds. Call [`AdamState::advance`] once per step before it; each parameter of
+/// the step then calls this.
+///
+/// On CUDA this is one kernel launch that reads the coefficients from device memory
+/// (capturable: see [`AdamState`]). f32 parameters get the same bits on the CPU and on CUDA.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::ops::{self, AdamHyper, AdamState};
+/// use opsmith_host::{Device, Error, Tensor};
+/// let p = Tensor::from_vec(vec![1.0f64, -1.0], [2], Device::Cpu)?;
+/// let g = Tensor::from_vec(vec![0.5f64, -3.0], [2], Device::Cpu)?;
+/// let (m, v) = (Tensor::from_vec(vec![0.0f64; 2], [2], Device::Cpu)?, Tensor::from_vec(vec![0.0f64; 2], [2], Device::Cpu)?);
+/// let state = AdamState::new(0.1, Device::Cpu)?;
+/// // No step before the first advance.
+/// let err = ops::adam_step_device(&p, &g, &m, &v, &state).unwrap_err();
+/// assert!(matches!(err, Error::InvalidArgument { op: "adam_step_device", .. }));
+/// state.advance(&AdamHyper { beta1: 0.9, beta2: 0.999, eps: 0.0, weight_decay: 0.0 })?;
+/// ops::adam_step_device(&p, &g, &m, &v, &state)?;
+/// let p = p.to_vec::<f64>()?;
+/// assert!((p[0] - 0.9).abs() < 1e-12 && (p[1] + 0.9).abs() < 1e-12);
+/// # Ok(()) }
+/// ```
+pub fn adam_step_device(param: &Tensor, grad: &Tensor, m: &Tensor, v: &Tensor, state: &AdamState) -> Result<()> {
+    let op = "adam_step_device";
+    check_operands(op, &[param, grad, m, v])?;
+    if param.device() != state.device {
+        return Err(Error::DeviceMismatch { op, lhs: param.device(), rhs: state.device });
+    }
+    let not_advanced =
+        || Error::InvalidArgument { op, reason: "its AdamState has no step yet: call AdamState::advance first".into() };
+    match &state.place {
+        Place::Cpu(cpu) => {
+            let coefficients = cpu.lock().coefficients.ok_or_else(not_advanced)?;
+            run(Adam { op, coefficients }, [param, grad, m, v], [param, m, v])
+        }
+        #[cfg(feature = "cuda")]
+        Place::Cuda { coefficients, advanced, .. } => {
+            if !advanced.load(Ordering::Acquire) {
+                return Err(not_advanced());
+            }
+            check::elementwise(op, &[param, grad, m, v], &[param, m, v])?;
+            super::cuda::over_elements(op, param, |on| {
+                on.run(on.optimizer()?.adam_device, (param, grad, m, v, param, m, v, coefficients, on.n))
+            })
+        }
+    }
 }

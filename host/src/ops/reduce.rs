@@ -40,6 +40,10 @@ pub(super) fn launch(device: &CudaDevice, name: &str, work_items: Option<u64>, a
 }
 
 #[cfg(feature = "cuda")]
+/// Threads per block of `sum_rows`: 32 warps, each adding every 32nd row of a tile's columns.
+const SUM_ROWS_BLOCK: u32 = 1024;
+
+#[cfg(feature = "cuda")]
 /// `out[0] = scale * (partials[0] + … + partials[count - 1])` on CUDA, rounded to `out`'s dtype:
 /// the last launch of every whole-tensor reduction.
 pub(super) fn finish_sum(op: &'static str, partials: &Tensor, count: usize, scale: f64, out: &Tensor) -> Result<()> {
@@ -82,6 +86,7 @@ pub(super) fn reduce_partials(op: &'static str, first_pass: &str, inputs: &[&Ten
 fn reduce_all(op: &'static str, x: &Tensor, scale: f64) -> Result<Tensor> {
     match x.device() {
         Device::Cpu => {
+            check::cpu_work(op)?;
             // Accumulated in f64, then rounded once.
             let total: f64 = x.to_vec_f64()?.iter().sum();
             Tensor::from_f64(&[total * scale], Shape::from(Vec::new()), x.dtype(), Device::Cpu)
@@ -159,6 +164,7 @@ pub fn expand_scalar(g: &Tensor, shape: impl Into<Shape>, scale: f64) -> Result<
     }
     match g.device() {
         Device::Cpu => {
+            check::cpu_work("expand_scalar")?;
             let value = g.to_vec_f64()?[0];
             Tensor::full(value * scale, shape, g.dtype(), Device::Cpu)
         }
@@ -211,6 +217,7 @@ pub fn add_row(x: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
     match x.device() {
         Device::Cpu => {
+            check::cpu_work("add_row")?;
             let (xv, bv) = (x.to_vec_f64()?, b.to_vec_f64()?);
             with_element_type!(x.dtype(), T => {
                 // Round through the arithmetic type, as the kernels do.
@@ -263,6 +270,7 @@ pub fn sum_rows(g: &Tensor) -> Result<Tensor> {
     let (rows, cols) = matrix_dims("sum_rows", g)?;
     match g.device() {
         Device::Cpu => {
+            check::cpu_work("sum_rows")?;
             let gv = g.to_vec_f64()?;
             let mut sums = crate::tensor::host_vec("sum_rows", cols, 0.0f64)?;
             for (c, sum) in sums.iter_mut().enumerate() {
@@ -276,17 +284,22 @@ pub fn sum_rows(g: &Tensor) -> Result<Tensor> {
             let device = cuda_device("sum_rows", g)?;
             let out = Tensor::empty(Shape::from(cols), g.dtype(), g.device())?;
             if cols > 0 {
-                launch(
-                    &device,
-                    kernels.sum_rows,
-                    Some(cols as u64),
-                    &[
-                        KernelArg::Input(g),
-                        KernelArg::Output(&out),
-                        KernelArg::U64(rows as u64),
-                        KernelArg::U64(cols as u64),
-                    ],
-                )?;
+                // A block of 32 warps per tile of 32 columns (as many tiles as the grid can
+                // hold at once): the warps split the rows, so a few columns still keep a
+                // block's worth of loads in flight.
+                let kernel = device.kernel(kernels.sum_rows)?;
+                let tiles = (cols as u64).div_ceil(32);
+                let cfg = LaunchConfig::grid_stride(&kernel, tiles * SUM_ROWS_BLOCK as u64, SUM_ROWS_BLOCK)?;
+                let args = [
+                    KernelArg::Input(g),
+                    KernelArg::Output(&out),
+                    KernelArg::U64(rows as u64),
+                    KernelArg::U64(cols as u64),
+                ];
+                // SAFETY: `sum_rows(g, out, rows, cols)` as declared in kernels-gpu; `g` holds
+                // rows × cols elements and `out` cols (made here), of the kernel's dtype; the
+                // block is 1-D, a multiple of 32 and at most 1024 threads.
+                unsafe { kernel.launch(&device.current_stream(), cfg, &args)? };
             }
             Ok(out)
         }

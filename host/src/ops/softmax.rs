@@ -122,7 +122,10 @@ pub fn softmax(x: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> 
     let (rows, cols) = rows_cols("softmax", x)?;
     let mask_rows = mask.map(|m| mask_rows(x, m, cols)).transpose()?.unwrap_or(0);
     match x.device() {
-        Device::Cpu => with_element_type!(x.dtype(), T => softmax_cpu::<T>(x, scale, mask, cols)),
+        Device::Cpu => {
+            check::cpu_work("softmax")?;
+            with_element_type!(x.dtype(), T => softmax_cpu::<T>(x, scale, mask, cols))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let table = dtype_table("softmax", x, ALL_SOFTMAX)?;
@@ -196,7 +199,10 @@ pub fn softmax_backward(g: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
     check::same_layout("softmax_backward", &[g, y])?;
     let (rows, cols) = rows_cols("softmax_backward", y)?;
     match y.device() {
-        Device::Cpu => softmax_backward_cpu(g, y, scale, cols),
+        Device::Cpu => {
+            check::cpu_work("softmax_backward")?;
+            softmax_backward_cpu(g, y, scale, cols)
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
             let table = dtype_table("softmax_backward", y, ALL_SOFTMAX)?;

@@ -217,12 +217,15 @@ impl Tensor {
             // A memset of the value's bit pattern on the device: no host buffer, no copy.
             let stream = CudaDevice::get(ordinal)?.current_stream();
             let t = Tensor::uninit_on(&stream, shape, dtype)?;
-            if let StorageData::Cuda { device, bytes, uses } = &t.storage.data
+            if let StorageData::Cuda { device, bytes, uses, .. } = &t.storage.data
                 && n > 0
             {
                 let bytes = bytes.write();
                 device.bind()?;
                 uses.write_on(&stream)?;
+                if let Some(capture) = device.capture_on(&stream) {
+                    capture.touch(&t.storage, true); // a replay fills it again
+                }
                 let (base, cu_stream) = (storage::raw_address(&bytes), stream.raw().cu_stream());
                 // SAFETY: the allocation holds exactly `n` elements of `dtype` (4 or 2 bytes, the
                 // width of the memset) and is aligned to the allocator's granularity; the write
@@ -469,7 +472,8 @@ impl Tensor {
                 Ok(slice[range].to_vec())
             }
             #[cfg(feature = "cuda")]
-            StorageData::Cuda { device, bytes, uses } => {
+            StorageData::Cuda { device, bytes, uses, .. } => {
+                crate::cuda::graph::refuse_while_capturing("Tensor::to_vec", crate::cuda::graph::HOST_READ)?;
                 let mut out = host_vec("Tensor::to_vec", range.len(), T::from_f64(0.0))?;
                 if out.is_empty() {
                     return Ok(out);
@@ -616,7 +620,7 @@ impl Tensor {
             // Device to device, unless both are views of one buffer (one lock would be taken twice).
             #[cfg(feature = "cuda")]
             (
-                StorageData::Cuda { device, bytes: dst, uses: dst_uses },
+                StorageData::Cuda { device, bytes: dst, uses: dst_uses, .. },
                 StorageData::Cuda { bytes: src_bytes, uses: src_uses, .. },
             ) if !self.shares_storage(src) => {
                 let size = self.dtype.size_in_bytes();
@@ -637,6 +641,12 @@ impl Tensor {
                 let src_view = src_guard.slice(src.offset * size..(src.offset + n) * size);
                 let mut dst_view = dst_guard.slice_mut(self.offset * size..(self.offset + n) * size);
                 device.bind()?;
+                if let Some(capture) = device.capture_on(&stream) {
+                    src_uses.check_capturable("Tensor::copy_from_", &stream, false)?;
+                    dst_uses.check_capturable("Tensor::copy_from_", &stream, true)?;
+                    capture.touch(&src.storage, false);
+                    capture.touch(&self.storage, true);
+                }
                 src_uses.read_on(&stream)?;
                 dst_uses.write_on(&stream)?;
                 stream
@@ -673,9 +683,10 @@ impl Tensor {
     /// Copies `data` (exactly this tensor's bytes) from the host into this tensor's range.
     #[cfg(feature = "cuda")]
     fn write_host(&self, stream: &crate::cuda::Stream, data: &[u8]) -> Result<()> {
-        let StorageData::Cuda { device, bytes, uses } = &self.storage.data else {
+        let StorageData::Cuda { device, bytes, uses, .. } = &self.storage.data else {
             return Err(Error::DeviceMismatch { op: "Tensor::write", lhs: self.device, rhs: Device::Cpu });
         };
+        crate::cuda::graph::refuse_while_capturing("Tensor::write", crate::cuda::graph::HOST_WRITE)?;
         if data.is_empty() {
             return Ok(());
         }

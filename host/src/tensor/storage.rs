@@ -1,7 +1,11 @@
 //! Memory behind tensors, shared between a tensor and its views.
 use crate::DType;
 #[cfg(feature = "cuda")]
-use crate::cuda::{CudaDevice, Stream, block_cache::MAX_BLOCK, stream_order::StreamUses};
+use crate::cuda::block_cache::{self, MAX_BLOCK};
+#[cfg(feature = "cuda")]
+use crate::cuda::graph::{DeferredFree, GraphPool};
+#[cfg(feature = "cuda")]
+use crate::cuda::{CudaDevice, Stream, stream_order::StreamUses};
 #[cfg(feature = "cuda")]
 use crate::{Device, Error, Result, Tensor};
 #[cfg(feature = "cuda")]
@@ -52,8 +56,11 @@ pub(crate) enum StorageData {
         device: CudaDevice,
         /// Taken out by `Storage`'s destructor, which frees it or keeps it for reuse.
         bytes: ManuallyDrop<RwLock<CudaSlice<u8>>>,
-        /// Which streams used it, so that work on another stream waits for them.
-        uses: StreamUses,
+        /// Which streams used it, so that work on another stream waits for them. Taken out by
+        /// the destructor with `bytes`.
+        uses: ManuallyDrop<StreamUses>,
+        /// The CUDA graph whose capture allocated it, which owns the memory (`cuda::graph`).
+        pool: Option<Arc<GraphPool>>,
     },
 }
 
@@ -62,17 +69,31 @@ impl Drop for Storage {
     fn drop(&mut self) {
         // The memory is freed on the stream that allocated it; that stream first waits for
         // the other streams that used it. A small block of the default stream is kept for the
-        // next allocation of its size there instead (`cuda::block_cache`).
-        if let StorageData::Cuda { device, bytes, uses } = &mut self.data {
-            uses.before_free();
-            // SAFETY: this is the storage's destructor; `bytes` is not touched again.
-            let block = unsafe { ManuallyDrop::take(bytes) }.into_inner();
-            if uses.home_is_default() {
-                // Handed back (and freed here) when too large or the cache is full.
-                drop(device.block_cache().put(block));
+        // next allocation of its size there instead (`cuda::block_cache`). A graph's memory goes
+        // back to its pool, and memory dropped while its device captures a graph waits for the
+        // capture to end (`cuda::graph`).
+        if let StorageData::Cuda { device, bytes, uses, pool } = &mut self.data {
+            // SAFETY: this is the storage's destructor; `bytes` and `uses` are not touched again.
+            let (block, uses) = unsafe { (ManuallyDrop::take(bytes).into_inner(), ManuallyDrop::take(uses)) };
+            if let Some(pool) = pool {
+                pool.give_back(block);
+            } else if let Some(capture) = device.active_capture() {
+                capture.defer_free(DeferredFree { block, uses });
             } else {
-                drop(block);
+                block_cache::release(device, block, &uses);
             }
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl StorageData {
+    fn cuda(device: CudaDevice, slice: CudaSlice<u8>, stream: &Stream, pool: Option<Arc<GraphPool>>) -> Self {
+        StorageData::Cuda {
+            device,
+            bytes: ManuallyDrop::new(RwLock::new(slice)),
+            uses: ManuallyDrop::new(StreamUses::new(stream)),
+            pool,
         }
     }
 }
@@ -87,6 +108,13 @@ impl Storage {
     pub(crate) fn cuda_uninit(stream: &Stream, bytes: usize) -> Result<Arc<Self>> {
         let device = stream.device().clone();
         device.bind()?;
+        if let Some(capture) = device.capture_on(stream) {
+            let (slice, pool) = capture.alloc(bytes)?;
+            return Ok(Arc::new(Self {
+                data: StorageData::cuda(device, slice, stream, Some(pool)),
+                version: AtomicU64::new(0),
+            }));
+        }
         let alloc = || {
             if bytes == 0 {
                 stream.raw().null::<u8>()
@@ -115,9 +143,7 @@ impl Storage {
             }
             other => other?,
         };
-        let data =
-            StorageData::Cuda { device, bytes: ManuallyDrop::new(RwLock::new(slice)), uses: StreamUses::new(stream) };
-        Ok(Arc::new(Self { data, version: AtomicU64::new(0) }))
+        Ok(Arc::new(Self { data: StorageData::cuda(device, slice, stream, None), version: AtomicU64::new(0) }))
     }
 
     pub(crate) fn version(&self) -> u64 {
@@ -153,7 +179,7 @@ pub(crate) fn with_cuda_ptrs<R>(
     f: impl FnOnce(&[u64], &[u64]) -> Result<R>,
 ) -> Result<R> {
     // Inline up to 8 operands: a launch then allocates nothing on the host for its pointers.
-    let mut storages: SmallVec<[(*const Storage, &Storage, bool); 8]> = SmallVec::new();
+    let mut storages: SmallVec<[(*const Storage, &Arc<Storage>, bool); 8]> = SmallVec::new();
     for (t, write) in reads.iter().map(|t| (t, false)).chain(writes.iter().map(|t| (t, true))) {
         let ptr = Arc::as_ptr(&t.storage);
         match storages.iter_mut().find(|(p, _, _)| *p == ptr) {
@@ -163,10 +189,11 @@ pub(crate) fn with_cuda_ptrs<R>(
     }
     storages.sort_by_key(|(p, _, _)| *p as usize);
 
+    let capture = stream.device().capture_on(stream);
     let mut guards: SmallVec<[CudaGuard<'_>; 8]> = SmallVec::new();
     for (_, storage, write) in &storages {
         let (bytes, uses) = match &storage.data {
-            StorageData::Cuda { device, bytes, uses } if device == stream.device() => (bytes, uses),
+            StorageData::Cuda { device, bytes, uses, .. } if device == stream.device() => (bytes, uses),
             // A kernel may not be able to reach another device's memory: callers check devices
             // first, and this keeps a miss from reaching the driver.
             StorageData::Cuda { device, .. } => {
@@ -176,6 +203,10 @@ pub(crate) fn with_cuda_ptrs<R>(
                 return Err(Error::DeviceMismatch { op, lhs: stream.device().device(), rhs: Device::Cpu });
             }
         };
+        if let Some(capture) = &capture {
+            uses.check_capturable(op, stream, *write)?;
+            capture.touch(storage, *write);
+        }
         guards.push(if *write { CudaGuard::Write(bytes.write()) } else { CudaGuard::Read(bytes.read_recursive()) });
         if *write { uses.write_on(stream)? } else { uses.read_on(stream)? }
     }
@@ -230,9 +261,10 @@ pub(crate) fn raw_address(slice: &CudaSlice<u8>) -> u64 {
 /// copy counts as a write of `dst` on `dst`'s stream, which its next user elsewhere waits for.
 pub(crate) fn copy_to_peer(src: &Tensor, dst: &Tensor) -> Result<()> {
     let op = "Tensor::to_device";
+    crate::cuda::graph::refuse_while_capturing(op, "a graph records one device's work, and this copies between two")?;
     let (
-        StorageData::Cuda { device: src_dev, bytes: src_bytes, uses: src_uses },
-        StorageData::Cuda { device: dst_dev, bytes: dst_bytes, uses: dst_uses },
+        StorageData::Cuda { device: src_dev, bytes: src_bytes, uses: src_uses, .. },
+        StorageData::Cuda { device: dst_dev, bytes: dst_bytes, uses: dst_uses, .. },
     ) = (&src.storage.data, &dst.storage.data)
     else {
         return Err(Error::DeviceMismatch { op, lhs: src.device, rhs: dst.device });

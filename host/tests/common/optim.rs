@@ -2,7 +2,7 @@
 //! (`gpu_activation.rs`): several steps of SGD and Adam against plain f64 implementations
 //! written here from the definitions.
 use super::{SENTINEL, padded_view, random_values, tensor, values};
-use opsmith_host::ops::{AdamStep, SgdStep};
+use opsmith_host::ops::{AdamHyper, AdamState, AdamStep, SgdStep};
 use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
 use rand::{SeedableRng, rngs::StdRng};
 
@@ -193,6 +193,186 @@ pub fn adam_against_f64(device: Device) -> Result<()> {
     Ok(())
 }
 
+/// The hyperparameters of `step` that stay fixed, for [`AdamState::advance`].
+pub fn hyper(step: &AdamStep) -> AdamHyper {
+    AdamHyper { beta1: step.beta1, beta2: step.beta2, eps: step.eps, weight_decay: step.weight_decay }
+}
+
+/// The device-state runs quarter the learning rate from this step of a case on (counted from
+/// the case's first step).
+pub const LR_CHANGE_AFTER: u64 = 2;
+
+/// `got` within `rel` of `want`, relative to `want`.
+fn assert_rel(context: &str, got: f64, want: f64, rel: f64) {
+    assert!((got - want).abs() <= rel * want.abs(), "{context}: got {got:e}, f64 reference {want:e}, rel {rel:e}");
+}
+
+/// An [`AdamState`] advanced 1003 times (the learning rate quartered after step 500): its step
+/// count, learning rate and running powers, and its f32 coefficients against the closed form
+/// in f64 (`powi`) rounded to f32: exactly where the formula's operations are exact in f64 (the
+/// betas, `1 − β`, ε, `lr·wd`), within an f32 rounding and the running products' drift for the
+/// bias corrections.
+pub fn adam_state_against_f64(device: Device) -> Result<()> {
+    for (k, case) in ADAM_CASES.iter().enumerate() {
+        let hyper = hyper(case);
+        let state = AdamState::new(case.lr, device)?;
+        assert_eq!(state.device(), device);
+        assert_eq!((state.step()?, state.lr()?), (0, case.lr), "case {k}");
+        assert_eq!(state.coefficients()?, None, "case {k}: no coefficients before the first step");
+        let mut lr = case.lr;
+        for t in 1..=1003u64 {
+            if t == 501 {
+                lr = case.lr / 4.0;
+                state.set_lr(lr)?;
+                assert_eq!((state.step()?, state.lr()?), (500, lr), "case {k}: set_lr changes only lr");
+            }
+            state.advance(&hyper)?;
+            if ![1, 2, 3, 500, 501, 502, 1000, 1003].contains(&t) {
+                continue;
+            }
+            let context = format!("adam state case {k} on {device}, step {t}");
+            let progress = state.progress()?;
+            assert_eq!((state.step()?, progress.step, progress.lr), (t, t as f64, lr), "{context}");
+            let (b1t, b2t) = (case.beta1.powi(t as i32), case.beta2.powi(t as i32));
+            assert_rel(&format!("{context} beta1^t"), progress.beta1_power, b1t, 1e-12);
+            assert_rel(&format!("{context} beta2^t"), progress.beta2_power, b2t, 1e-12);
+            let c = state.coefficients()?.expect("advanced");
+            let exact = [case.beta1, 1.0 - case.beta1, case.beta2, 1.0 - case.beta2, case.eps, lr * case.weight_decay];
+            let got = [c.beta1, c.one_minus_beta1, c.beta2, c.one_minus_beta2, c.eps, c.lr_weight_decay];
+            assert_eq!(got, exact.map(|x| x as f32), "{context}: the fixed coefficients");
+            // An f32 rounding (2^-24), and the closed form's own against the products' (1e-12).
+            let rel = f64::from(f32::EPSILON) / 2.0 + 1e-12;
+            assert_rel(&format!("{context} step_size"), f64::from(c.step_size), lr / (1.0 - b1t), rel);
+            assert_rel(
+                &format!("{context} inv_sqrt_bias2"),
+                f64::from(c.inv_sqrt_bias2),
+                1.0 / (1.0 - b2t).sqrt(),
+                rel,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// [`ops::adam_step_device`] for [`STEPS`] steps per case, dtype, size and offset against plain
+/// f64 Adam, as [`adam_against_f64`], with the learning rate quartered after
+/// [`LR_CHANGE_AFTER`] steps. The state is advanced to the case's first step beforehand, so
+/// step 1000 really is the state's thousandth.
+pub fn adam_device_against_f64(device: Device) -> Result<()> {
+    let op = "adam_step_device";
+    let mut rng = StdRng::seed_from_u64(73);
+    for (k, case) in ADAM_CASES.iter().enumerate() {
+        for dtype in [DType::F32, DType::F64] {
+            for n in OPTIM_SIZES {
+                for offset in [0, 1] {
+                    let context = format!("adam_step_device case {k} {dtype} on {device}, n={n} offset={offset}");
+                    let mut p = random_values(&mut rng, n, dtype);
+                    let (mut m, mut v) = (vec![0.0; n], vec![0.0; n]);
+                    let param = State::new(&p, offset, dtype, device)?;
+                    let m_state = State::new(&m, offset + 1, dtype, device)?;
+                    let v_state = State::new(&v, 3 - offset, dtype, device)?;
+                    let state = AdamState::new(case.lr, device)?;
+                    for _ in 1..case.step {
+                        state.advance(&hyper(case))?;
+                    }
+                    let mut lr = case.lr;
+                    let mut scale = [vec![0.0; n], vec![0.0; n], vec![0.0; n]];
+                    for t in case.step..case.step + STEPS {
+                        if t == case.step + LR_CHANGE_AFTER {
+                            lr = case.lr / 4.0;
+                            state.set_lr(lr)?;
+                        }
+                        state.advance(&hyper(case))?;
+                        let g = random_values(&mut rng, n, dtype);
+                        let grad = State::new(&g, (offset + 2) % 4, dtype, device)?;
+                        if !optimizer_supported(dtype, device) {
+                            let err =
+                                ops::adam_step_device(&param.view, &grad.view, &m_state.view, &v_state.view, &state)
+                                    .unwrap_err();
+                            assert!(matches!(err, Error::UnsupportedDType { op: "adam_step_device", .. }), "{err}");
+                            break;
+                        }
+                        let before = [&param, &m_state, &v_state, &grad].map(|s| s.view.version());
+                        ops::adam_step_device(&param.view, &grad.view, &m_state.view, &v_state.view, &state)?;
+                        let after = [&param, &m_state, &v_state, &grad].map(|s| s.view.version());
+                        assert!(after[..3].iter().zip(&before).all(|(a, b)| a > b), "{context}: state versions");
+                        assert_eq!(after[3], before[3], "{context}: grad version");
+                        assert_eq!(grad.read(&context)?, g, "{context}: grad changed");
+                        let step = AdamStep { lr, step: t, ..*case };
+                        for i in 0..n {
+                            let update = adam_reference(&mut p[i], g[i], &mut m[i], &mut v[i], &step, t);
+                            scale[0][i] += p[i].abs() + update.abs();
+                            scale[1][i] += m[i].abs() + g[i].abs();
+                            scale[2][i] += v[i].abs() + g[i] * g[i];
+                        }
+                        let u = roundoff(dtype);
+                        let tol = |s: &[f64]| s.iter().map(|s| 64.0 * u * s).collect::<Vec<_>>();
+                        let what = |name: &str| format!("{context} step {t} ({op}) {name}");
+                        assert_close(&what("param"), &param.read(&context)?, &p, &tol(&scale[0]));
+                        assert_close(&what("m"), &m_state.read(&context)?, &m, &tol(&scale[1]));
+                        assert_close(&what("v"), &v_state.read(&context)?, &v, &tol(&scale[2]));
+                    }
+                    if optimizer_supported(dtype, device) {
+                        assert_eq!(state.step()?, case.step + STEPS - 1, "{context}: steps counted");
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The device state's errors: bad learning rates and hyperparameters, a step before the
+/// first `advance`, bad operands; each a typed error naming the call, and nothing changed.
+pub fn adam_state_errors(device: Device) -> Result<()> {
+    for lr in [f64::NAN, f64::INFINITY, -1e-3] {
+        let err = AdamState::new(lr, device).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { op: "AdamState::new", .. }), "lr {lr}: {err}");
+    }
+    let state = AdamState::new(1e-3, device)?;
+    let t = |v: &[f64], dtype: DType| tensor(v, dtype, device);
+    let (p, g) = (t(&[1.0, -2.0, 3.0], DType::F32)?, t(&[0.5, 0.5, 0.5], DType::F32)?);
+    let (m, v) = (t(&[0.0; 3], DType::F32)?, t(&[0.0; 3], DType::F32)?);
+    let err = ops::adam_step_device(&p, &g, &m, &v, &state).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { op: "adam_step_device", .. }), "before advance: {err}");
+    let good = AdamHyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+    for bad in [
+        AdamHyper { beta1: 1.0, ..good },
+        AdamHyper { beta2: -0.1, ..good },
+        AdamHyper { beta2: f64::NAN, ..good },
+        AdamHyper { eps: -1e-8, ..good },
+        AdamHyper { weight_decay: f64::INFINITY, ..good },
+    ] {
+        let err = state.advance(&bad).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { op: "AdamState::advance", .. }), "{bad:?}: {err}");
+    }
+    for lr in [f64::NAN, -1.0] {
+        let err = state.set_lr(lr).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { op: "AdamState::set_lr", .. }), "lr {lr}: {err}");
+    }
+    assert_eq!((state.step()?, state.lr()?, state.coefficients()?), (0, 1e-3, None), "nothing changed");
+    state.advance(&good)?;
+    let g4 = t(&[0.5; 4], DType::F32)?;
+    match ops::adam_step_device(&p, &g4, &m, &v, &state) {
+        Err(Error::ShapeMismatch { op: "adam_step_device", lhs, rhs }) => assert_eq!((lhs, rhs), (vec![3], vec![4])),
+        other => panic!("expected a shape mismatch, got {other:?}"),
+    }
+    let h = |v: &[f64]| t(v, DType::F16);
+    let (ph, gh, mh, vh) = (h(&[1.0; 3])?, h(&[1.0; 3])?, h(&[0.0; 3])?, h(&[0.0; 3])?);
+    assert!(matches!(
+        ops::adam_step_device(&ph, &gh, &mh, &vh, &state),
+        Err(Error::UnsupportedDType { op: "adam_step_device", dtype: DType::F16, .. })
+    ));
+    assert!(matches!(
+        ops::adam_step_device(&p, &g, &m, &m, &state),
+        Err(Error::Overlap { op: "adam_step_device", output: 2 })
+    ));
+    assert_eq!(values(&p)?, [1.0, -2.0, 3.0]);
+    assert_eq!((values(&m)?, values(&v)?), (vec![0.0; 3], vec![0.0; 3]));
+    assert_eq!(state.step()?, 1);
+    Ok(())
+}
+
 /// Bad hyperparameters and operands: typed errors naming the op, and no tensor changed.
 pub fn optimizer_errors(device: Device) -> Result<()> {
     let t = |v: &[f64], dtype: DType| tensor(v, dtype, device);
@@ -282,6 +462,18 @@ macro_rules! optim_cases {
         #[test]
         fn optimizer_errors() -> opsmith_host::Result<()> {
             common::optim::optimizer_errors($device)
+        }
+        #[test]
+        fn adam_state_against_f64() -> opsmith_host::Result<()> {
+            common::optim::adam_state_against_f64($device)
+        }
+        #[test]
+        fn adam_device_against_f64() -> opsmith_host::Result<()> {
+            common::optim::adam_device_against_f64($device)
+        }
+        #[test]
+        fn adam_state_errors() -> opsmith_host::Result<()> {
+            common::optim::adam_state_errors($device)
         }
     };
 }

@@ -17,6 +17,28 @@
 use super::warp::{warp_max, warp_sum};
 use core::arch::nvptx;
 
+/// A `*mut f32` to a new block-scoped `.shared` array of `$bytes` bytes (16-byte aligned).
+macro_rules! shared_array {
+    ($name:ident, $bytes:literal) => {{
+        let base: u64;
+        // SAFETY: declares a block-scoped `.shared` array and converts its address to a generic
+        // pointer; it touches no memory. The braces give every inlined instance its own
+        // declaration (PTX reports a duplicate definition without them). Not `pure`, so LLVM
+        // never merges two instances into one buffer.
+        unsafe {
+            core::arch::asm!(
+                "{{",
+                concat!(".shared .align 16 .b8 ", stringify!($name), "[", stringify!($bytes), "];"),
+                concat!("cvta.shared.u64 {p}, ", stringify!($name), ";"),
+                "}}",
+                p = out(reg64) base,
+                options(nostack, preserves_flags),
+            )
+        };
+        base as *mut f32
+    }};
+}
+
 /// Words per scratch buffer: one per warp of the largest block (1024 threads).
 const WORDS: usize = 32;
 
@@ -35,22 +57,7 @@ impl BlockReduce {
     /// outside any loop or per-variant branch) and pass it down.
     #[inline(always)]
     pub fn new() -> Self {
-        let base: u64;
-        // SAFETY: declares a block-scoped `.shared` array and converts its address to a generic
-        // pointer; it touches no memory. The braces give every inlined instance its own
-        // declaration (PTX reports a duplicate definition without them). Not `pure`, so LLVM
-        // never merges two instances into one buffer.
-        unsafe {
-            core::arch::asm!(
-                "{{",
-                ".shared .align 16 .b8 opsmith_block_reduce[256];",
-                "cvta.shared.u64 {p}, opsmith_block_reduce;",
-                "}}",
-                p = out(reg64) base,
-                options(nostack, preserves_flags),
-            )
-        };
-        Self { scratch: base as *mut f32, phase: 0 }
+        Self { scratch: shared_array!(opsmith_block_reduce, 256), phase: 0 }
     }
 
     /// `combine` folded over `value` of every thread of the block, returned to every thread.
@@ -112,5 +119,50 @@ impl Default for BlockReduce {
     #[inline(always)]
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Sums across the warps of a block, lane by lane: lane `l` of warp 0 gets `value` of lane `l`
+/// of every warp, added in warp order. For kernels whose lanes hold different things (lane `l`
+/// a column, say) while the warps split the work on each (the rows).
+pub struct LaneSums {
+    /// 32 words per warp of the largest block: 4 KiB of this block's shared memory.
+    scratch: *mut f32,
+}
+
+impl LaneSums {
+    /// A summer with its own shared-memory scratch (make one per kernel, at its entry point).
+    #[inline(always)]
+    pub fn new() -> Self {
+        Self { scratch: shared_array!(opsmith_lane_sums, 4096) }
+    }
+
+    /// For lane `l` of warp 0: `value` of lane `l` summed over the block's warps in warp order
+    /// (`((w0 + w1) + w2) + …`, the same on every run). Other warps get 0. The scratch is free
+    /// again when it returns, so it may be called in a loop.
+    ///
+    /// # Safety
+    /// Every thread of the block calls it together (none exited, the same number of calls),
+    /// `blockDim.x` is a multiple of 32, at most 1024, and `blockDim.y = blockDim.z = 1`.
+    #[inline(always)]
+    pub unsafe fn sum_to_first_warp(&mut self, value: f32) -> f32 {
+        // SAFETY: reading the special registers has no preconditions.
+        let (thread, threads) = unsafe { (nvptx::_thread_idx_x() as usize, nvptx::_block_dim_x() as usize) };
+        // SAFETY: thread < blockDim.x <= 1024 words of the 4 KiB scratch; each thread writes its
+        // own word.
+        unsafe { self.scratch.add(thread).write(value) };
+        // SAFETY: every thread of the block reaches both barriers (the caller's contract).
+        unsafe { nvptx::_syncthreads() };
+        let mut total = 0.0f32;
+        if thread < 32 {
+            for warp in 0..threads / 32 {
+                // SAFETY: warp * 32 + thread < blockDim.x, written before the barrier.
+                total += unsafe { self.scratch.add(warp * 32 + thread).read() };
+            }
+        }
+        // The next call's writes must wait until warp 0 has read this call's words.
+        // SAFETY: as above.
+        unsafe { nvptx::_syncthreads() };
+        total
     }
 }

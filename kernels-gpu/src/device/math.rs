@@ -26,6 +26,13 @@ pub fn sqrt(x: f32) -> f32 {
     core::intrinsics::sqrtf32(x)
 }
 
+/// The correctly rounded f64 square root (`sqrt.rn.f64`), as the CPU's `f64::sqrt`. `core` has
+/// no `f64::sqrt`; the intrinsic lowers to the PTX instruction, not to a libm call.
+#[inline(always)]
+pub fn sqrt_f64(x: f64) -> f64 {
+    core::intrinsics::sqrtf64(x)
+}
+
 /// `e^x` within a few ulps over the whole f32 range (`exp(±inf) = inf, 0`, NaN stays NaN,
 /// subnormal results kept): `ex2.approx.f32` behind the range reduction of
 /// [`exp_via_exp2`](crate::real::exp_via_exp2), which the host tests exercise.

@@ -3,7 +3,7 @@
 //! * [`index`]: the global thread index and grid- and warp-stride iteration, in 64-bit arithmetic.
 //! * [`memory`]: 16-byte vector loads and stores and the alignment test that selects them.
 //! * [`math`]: a real fused multiply-add (rustc keeps `a * b + c` as two roundings), the
-//!   correctly rounded square root, `exp` from `ex2.approx`, and `2^x` and `log2` on the special
+//!   correctly rounded square roots (f32 and f64), `exp` from `ex2.approx`, and `2^x` and `log2` on the special
 //!   function unit.
 //! * [`element`]: the storage dtypes (f32, f16, bf16) and their conversions to f32.
 //! * [`elementwise`]: the driver that streams N inputs to M outputs through a per-element closure.

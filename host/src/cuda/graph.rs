@@ -1,0 +1,469 @@
+//! CUDA graphs: record a sequence of opsmith ops once, replay it with one launch.
+//!
+//! [`Graph::capture`] runs a closure (a forward, backward and optimizer step, or any other
+//! sequence of ops) once under stream capture: the driver records its kernels, copies and fills
+//! instead of running them. [`Graph::replay`] then runs the whole recording with a single driver
+//! call, on the same memory, so a step of fifty small kernels costs one launch of host time
+//! instead of fifty.
+//!
+//! # Memory and lifetimes
+//!
+//! * **Tensors made during the capture** (activations, gradients, the loss) get memory from a
+//!   pool private to the graph. They keep their addresses for as long as the graph or they
+//!   live: each replay writes the same tensors again, so reading a result after
+//!   [`replay`](Graph::replay) shows that replay's values. Memory a tensor frees during the
+//!   capture goes back to the pool for the capture's later allocations of the same size (in
+//!   stream order, as the driver's pool would); none of it goes to the device's block cache,
+//!   and nothing is allocated while replaying. The pool is freed once the graph and the last of
+//!   its tensors are gone.
+//! * **Tensors made before the capture** that the captured work reads or writes (parameters,
+//!   optimizer state, the input and label buffers) are kept alive by the graph, so dropping
+//!   them early cannot leave a replay reading freed memory.
+//! * **Inputs:** to feed a replay new data, copy it into the tensors the capture read, with
+//!   [`Tensor::copy_from_`](crate::Tensor::copy_from_), before calling
+//!   [`replay`](Graph::replay); read outputs after it. A replay is ordered after earlier work
+//!   on those tensors on any stream, and later work on any stream waits for it.
+//! * **Scalars are frozen:** a kernel parameter (a scale, SGD's learning rate) is recorded with
+//!   the value it had during the capture. State that changes per step must live in device
+//!   memory: `opsmith_autograd`'s Adam keeps its step count and learning rate there.
+//!
+//! # What cannot be captured
+//!
+//! A graph records device work on one stream. While a capture runs on a thread, these fail with
+//! [`Error::Capture`], which names the op, and the capture fails with it (nothing half-recorded
+//! is kept): reading device memory on the host (`to_vec`), copying host memory to the device,
+//! synchronizing a stream, event or device, ops on CPU tensors (they would run once, at
+//! capture, and never again), using a tensor last written or read on another stream, waiting on
+//! another stream's event, peer copies between GPUs, and starting a second capture on the same
+//! device.
+//!
+//! The capture runs on the device's current stream (opsmith's default stream is an ordinary
+//! stream, so unlike PyTorch no side stream is needed), in the driver's relaxed capture mode:
+//! kernel modules and cuBLAS handles that a first use loads still load during a capture. Run
+//! the step once eagerly before capturing it, as PyTorch recommends too, so that one-time setup
+//! stays out of the capture. Other threads must not queue work on the capturing stream
+//! meanwhile: it would be recorded too.
+use super::{CudaDevice, Stream};
+use crate::tensor::storage::{Storage, StorageData};
+use crate::{Error, Result};
+use cudarc::driver::{CudaSlice, sys};
+use parking_lot::Mutex;
+use std::any::Any;
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+thread_local! {
+    /// Whether this thread is running a [`Graph::capture`] closure.
+    static CAPTURING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is running a [`Graph::capture`] closure.
+pub(crate) fn capturing_thread() -> bool {
+    CAPTURING.with(Cell::get)
+}
+
+/// `Err(Error::Capture)` naming `op` when this thread is capturing a graph: for what cannot be
+/// recorded whatever the device (host reads and writes, synchronizations, CPU work).
+pub(crate) fn refuse_while_capturing(op: &'static str, why: &str) -> Result<()> {
+    if capturing_thread() {
+        return Err(Error::Capture { op, reason: why.to_string() });
+    }
+    Ok(())
+}
+
+/// Why a CPU op is refused during a capture.
+pub(crate) const CPU_WORK: &str =
+    "its tensors are on the CPU: CPU work runs once, while capturing, and a replay would not repeat it";
+
+/// Why a host read is refused during a capture.
+pub(crate) const HOST_READ: &str =
+    "it reads device memory on the host, which waits for the device; read results after Graph::replay";
+
+/// Why a host-to-device copy is refused during a capture.
+pub(crate) const HOST_WRITE: &str = "it copies host memory to the device; create inputs before the capture and \
+                                     copy new values into them with Tensor::copy_from_ before each replay";
+
+/// Why a synchronization is refused during a capture.
+pub(crate) const SYNC: &str = "a graph cannot wait for the device in the middle of its work";
+
+/// Memory private to one graph: every allocation its capture makes, at addresses that stay fixed
+/// for the graph's replays. See the module docs.
+pub(crate) struct GraphPool {
+    device: CudaDevice,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    /// Blocks given back during the capture, by size, for its later allocations.
+    free: HashMap<usize, Vec<u64>>,
+    /// Every block, to free with the pool.
+    owned: Vec<u64>,
+    bytes: usize,
+}
+
+impl GraphPool {
+    /// A block of `bytes` bytes on the capture's stream: one given back earlier in the capture,
+    /// or a fresh one. Fresh blocks come from `cuMemAlloc`, not the stream-ordered allocator:
+    /// the latter would record allocation nodes into the graph, whose memory a replay could not
+    /// hand to tensors that outlive it.
+    fn alloc(&self, stream: &Stream, bytes: usize) -> Result<CudaSlice<u8>> {
+        let reused = self.state.lock().free.get_mut(&bytes).and_then(Vec::pop);
+        let address = match reused {
+            Some(address) => address,
+            None if bytes == 0 => 0,
+            None => {
+                // SAFETY: a plain allocation in the context current on this thread (bound by the
+                // caller); the memory is uninitialised, and every tensor constructor writes its
+                // memory before reading it.
+                let address = unsafe { cudarc::driver::result::malloc_sync(bytes) }
+                    .map_err(|e| Error::from_alloc(self.device.device(), bytes, e))?;
+                let mut state = self.state.lock();
+                state.owned.push(address);
+                state.bytes += bytes;
+                address
+            }
+        };
+        // SAFETY: `address` holds `bytes` bytes owned by this pool; the slice never frees it
+        // (`give_back` takes it apart with `leak`).
+        Ok(unsafe { stream.raw().upgrade_device_ptr::<u8>(address, bytes) })
+    }
+
+    /// Takes a block of this pool back from a storage that is being dropped.
+    pub(crate) fn give_back(&self, block: CudaSlice<u8>) {
+        let bytes = block.len();
+        let address = block.leak();
+        if bytes > 0 {
+            self.state.lock().free.entry(bytes).or_default().push(address);
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.state.lock().bytes
+    }
+}
+
+impl Drop for GraphPool {
+    fn drop(&mut self) {
+        // The last replay, or work on the pool's tensors on any stream, may still be running.
+        let ctx = self.device.context();
+        ctx.record_err(ctx.bind_to_thread());
+        ctx.record_err(ctx.synchronize());
+        for address in std::mem::take(&mut self.state.get_mut().owned) {
+            // SAFETY: the address came from `malloc_sync` in this pool, the device has finished
+            // every use of it (synchronized above), and nothing refers to it any more: every
+            // storage of the pool holds the pool alive.
+            ctx.record_err(unsafe { cudarc::driver::result::free_sync(address) });
+        }
+    }
+}
+
+/// A block freed during a capture, released once it ends (see [`ActiveCapture::defer_free`]).
+pub(crate) struct DeferredFree {
+    pub(crate) block: CudaSlice<u8>,
+    pub(crate) uses: super::stream_order::StreamUses,
+}
+
+/// A storage that the captured work used.
+struct Touched {
+    storage: Held,
+    wrote: bool,
+}
+
+enum Held {
+    /// Made before the capture: the graph keeps it alive.
+    Kept(Arc<Storage>),
+    /// From the graph's pool: its tensors decide how long it lives.
+    Pooled(Weak<Storage>),
+}
+
+/// The state of a capture in progress on one device: see [`CudaDevice::active_capture`].
+pub(crate) struct ActiveCapture {
+    stream: Stream,
+    pool: Arc<GraphPool>,
+    state: Mutex<CaptureState>,
+}
+
+#[derive(Default)]
+struct CaptureState {
+    touched: Vec<Touched>,
+    /// Where each storage is in `touched`.
+    index: HashMap<usize, usize>,
+    /// Other device memory the work reads (labels), kept alive with the graph.
+    kept: Vec<Arc<dyn Any + Send + Sync>>,
+    deferred: Vec<DeferredFree>,
+}
+
+impl ActiveCapture {
+    /// Whether `stream` is the one being captured.
+    pub(crate) fn is_on(&self, stream: &Stream) -> bool {
+        self.stream.same_as(stream)
+    }
+
+    /// A block for a tensor made during the capture, from the graph's pool.
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<(CudaSlice<u8>, Arc<GraphPool>)> {
+        Ok((self.pool.alloc(&self.stream, bytes)?, self.pool.clone()))
+    }
+
+    /// Notes that the captured work uses `storage` (and writes it if `write`).
+    pub(crate) fn touch(&self, storage: &Arc<Storage>, write: bool) {
+        let mut state = self.state.lock();
+        let key = Arc::as_ptr(storage) as usize;
+        if let Some(&at) = state.index.get(&key) {
+            state.touched[at].wrote |= write;
+            return;
+        }
+        let pooled = matches!(&storage.data, StorageData::Cuda { pool: Some(_), .. });
+        let held = if pooled { Held::Pooled(Arc::downgrade(storage)) } else { Held::Kept(storage.clone()) };
+        let at = state.touched.len();
+        state.touched.push(Touched { storage: held, wrote: write });
+        state.index.insert(key, at);
+    }
+
+    /// Keeps `memory` alive for as long as the graph.
+    pub(crate) fn keep(&self, memory: Arc<dyn Any + Send + Sync>) {
+        self.state.lock().kept.push(memory);
+    }
+
+    /// Holds a block of memory made before the capture and dropped during it until the capture
+    /// ends: freeing it now would record the free into the graph (each replay would free it
+    /// again), and ordering its free after its users could wait on the capturing stream.
+    pub(crate) fn defer_free(&self, free: DeferredFree) {
+        self.state.lock().deferred.push(free);
+    }
+}
+
+/// A recorded sequence of device work, replayed with one launch. See the [module docs](self).
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+/// use opsmith_host::{Tensor, cuda::{CudaDevice, Graph}, ops};
+/// let dev = CudaDevice::get(0)?;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], dev.device())?;
+/// let w = Tensor::from_vec(vec![2.0f32; 3], [3], dev.device())?;
+/// // Recorded, not run: `y` is a tensor of the graph's pool.
+/// let (graph, y) = Graph::capture(&dev, || ops::add_mul(&x, &x, &w))?;
+/// graph.replay()?;
+/// assert_eq!(y.to_vec::<f32>()?, [4.0, 8.0, 12.0]);
+/// x.copy_from_(&Tensor::from_vec(vec![-1.0f32, 0.5, 10.0], [3], dev.device())?)?; // a new input
+/// graph.replay()?;
+/// assert_eq!(y.to_vec::<f32>()?, [-4.0, 2.0, 40.0]);
+/// # Ok(()) }
+/// ```
+pub struct Graph {
+    exec: cudarc::driver::CudaGraph,
+    stream: Stream,
+    pool: Arc<GraphPool>,
+    touched: Vec<Touched>,
+    /// Held for the graph's lifetime (see [`CaptureState::kept`]).
+    _kept: Vec<Arc<dyn Any + Send + Sync>>,
+    nodes: usize,
+}
+
+// SAFETY: a graph may be launched from any thread; `replay` takes `&self` but `Graph` is not
+// `Sync`, so two threads never launch or destroy one graph at once, as the driver requires.
+unsafe impl Send for Graph {}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph")
+            .field("stream", &self.stream)
+            .field("nodes", &self.nodes)
+            .field("pool_bytes", &self.pool.bytes())
+            .finish()
+    }
+}
+
+/// Clears this thread's capture flag and the device's capture when dropped, and ends the
+/// stream's capture if the closure panicked before it could end, so the stream runs work again.
+struct CaptureScope<'a> {
+    device: &'a CudaDevice,
+    stream: &'a Stream,
+    capturing: bool,
+}
+
+impl CaptureScope<'_> {
+    fn end(&mut self) -> std::result::Result<Option<cudarc::driver::CudaGraph>, cudarc::driver::DriverError> {
+        self.capturing = false;
+        self.stream.raw().end_capture(sys::CUgraphInstantiate_flags(0))
+    }
+}
+
+impl Drop for CaptureScope<'_> {
+    fn drop(&mut self) {
+        if self.capturing {
+            drop(self.end()); // after a panic: the half-recorded graph is discarded
+        }
+        CAPTURING.with(|c| c.set(false));
+        self.device.clear_active_capture();
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // A replay may still be running: the graph, and then the memory it uses, go once the
+        // stream has finished it.
+        let ctx = self.stream.device().context();
+        ctx.record_err(self.stream.raw().synchronize());
+    }
+}
+
+impl Graph {
+    /// Runs `record` once under stream capture on `device`'s current stream and returns the
+    /// graph, ready to replay, with what `record` returned (typically the tensors to read after
+    /// each replay). The work is recorded, not run: results are there after the first
+    /// [`replay`](Self::replay).
+    ///
+    /// Fails with [`Error::Capture`] when `record` asks for something a graph cannot hold (see
+    /// the [module docs](self)), or returns `record`'s own error; either way nothing is kept and
+    /// the stream is usable again.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Error, Tensor, cuda::{CudaDevice, Graph}, ops};
+    /// let dev = CudaDevice::get(0)?;
+    /// let x = Tensor::from_vec(vec![1.0f32; 4], [4], dev.device())?;
+    /// let err = Graph::capture(&dev, || ops::add(&x, &x)?.to_vec::<f32>()).unwrap_err();
+    /// assert!(matches!(err, Error::Capture { op: "Tensor::to_vec", .. }), "{err}");
+    /// # Ok(()) }
+    /// ```
+    pub fn capture<R, E: From<Error>>(
+        device: &CudaDevice,
+        record: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> std::result::Result<(Graph, R), E> {
+        let op = "Graph::capture";
+        if capturing_thread() {
+            return Err(Error::Capture { op, reason: "this thread is already capturing a graph".into() }.into());
+        }
+        let stream = device.current_stream();
+        device.bind()?;
+        let pool = Arc::new(GraphPool { device: device.clone(), state: Mutex::new(PoolState::default()) });
+        let capture = Arc::new(ActiveCapture { stream: stream.clone(), pool, state: Mutex::default() });
+        if !device.try_set_active_capture(capture.clone()) {
+            return Err(
+                Error::Capture { op, reason: format!("{} is already capturing a graph", device.device()) }.into()
+            );
+        }
+        let mut scope = CaptureScope { device, stream: &stream, capturing: false };
+        stream
+            .raw()
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(|source| device.driver_error("cuStreamBeginCapture", source))?;
+        scope.capturing = true;
+        CAPTURING.with(|c| c.set(true));
+        let recorded = record();
+        // The capture ends whatever happened, so the stream can run work again.
+        let ended = scope.end();
+        drop(scope);
+
+        let state = std::mem::take(&mut *capture.state.lock());
+        // Blocks freed during the capture are released now, in stream order as usual.
+        for DeferredFree { block, uses } in state.deferred {
+            super::block_cache::release(device, block, &uses);
+        }
+        let value = recorded?;
+        let exec = match ended {
+            Ok(Some(exec)) => exec,
+            Ok(None) => return Err(Error::Capture { op, reason: "the driver returned no graph".into() }.into()),
+            Err(source) => return Err(capture_failure(device, source).into()),
+        };
+        let nodes = node_count(&exec);
+        exec.upload().map_err(|source| device.driver_error("cuGraphUpload", source))?;
+        let graph =
+            Graph { exec, stream, pool: capture.pool.clone(), touched: state.touched, _kept: state.kept, nodes };
+        Ok((graph, value))
+    }
+
+    /// Runs the recorded work again, on the stream it was captured on, after the work queued
+    /// so far on any stream that uses the graph's tensors; later work on any stream that uses
+    /// them waits for it. Returns once the replay is queued.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Tensor, cuda::{CudaDevice, Graph}, ops};
+    /// let dev = CudaDevice::get(0)?;
+    /// let total = Tensor::zeros([1], opsmith_host::DType::F32, dev.device())?;
+    /// let one = Tensor::from_vec(vec![1.0f32], [1], dev.device())?;
+    /// let (count, ()) = Graph::capture(&dev, || ops::add_into(&total, &one, &total))?;
+    /// for _ in 0..10 {
+    ///     count.replay()?;
+    /// }
+    /// assert_eq!(total.to_vec::<f32>()?, [10.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn replay(&self) -> Result<()> {
+        let device = self.stream.device();
+        refuse_while_capturing("Graph::replay", "a graph cannot launch another graph")?;
+        device.bind()?;
+        for touched in &self.touched {
+            let storage = match &touched.storage {
+                Held::Kept(storage) => storage.clone(),
+                Held::Pooled(weak) => match weak.upgrade() {
+                    Some(storage) => storage,
+                    None => continue, // no tensor left to order
+                },
+            };
+            if let StorageData::Cuda { uses, .. } = &storage.data {
+                if touched.wrote {
+                    uses.write_on(&self.stream)?;
+                    storage.bump_version();
+                } else {
+                    uses.read_on(&self.stream)?;
+                    uses.read_done(&self.stream)?;
+                }
+            }
+        }
+        self.exec.launch().map_err(|source| device.driver_error("cuGraphLaunch", source))?;
+        if super::launch_blocking() {
+            self.stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// The stream the graph was captured on, which replays run on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The number of nodes (kernels, copies, fills) the driver recorded.
+    pub fn node_count(&self) -> usize {
+        self.nodes
+    }
+
+    /// Bytes of device memory in the graph's private pool: every allocation its capture made.
+    pub fn pool_bytes(&self) -> usize {
+        self.pool.bytes()
+    }
+}
+
+/// The nodes of a captured graph (0 if the driver does not say).
+fn node_count(exec: &cudarc::driver::CudaGraph) -> usize {
+    let mut count = 0usize;
+    // SAFETY: the graph is live; a null node array asks only for the count.
+    let status = unsafe { sys::cuGraphGetNodes(exec.cu_graph(), std::ptr::null_mut(), &mut count) };
+    if status.result().is_err() { 0 } else { count }
+}
+
+/// The error for a capture the driver ended with an error: a typed capture error when the
+/// driver refused something in it, a driver error otherwise.
+fn capture_failure(device: &CudaDevice, source: cudarc::driver::DriverError) -> Error {
+    use sys::CUresult::*;
+    match source.0 {
+        CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        | CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        | CUDA_ERROR_STREAM_CAPTURE_ISOLATION
+        | CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+        | CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Error::Capture {
+            op: "Graph::capture",
+            reason: format!(
+                "the driver refused part of the captured work ({source}); something in the closure used the \
+                 device outside opsmith's checks (another stream, or a raw driver call)"
+            ),
+        },
+        _ => device.driver_error("cuStreamEndCapture", source),
+    }
+}

@@ -1,0 +1,245 @@
+//! CUDA graphs (`--features gpu-tests`; needs a CUDA device): replays equal eager runs bit for
+//! bit, capture errors are typed and leave the stream usable, memory stays flat over many
+//! replays, and the graph keeps what it uses alive and ordered across streams.
+//!
+//! One test at a time, each on a stream of its own: a capture records everything queued on its
+//! stream, and one device holds one capture at a time.
+use opsmith_host::cuda::{CudaDevice, Graph, Stream, StreamGuard};
+use opsmith_host::{DType, Device, Error, Labels, Result, Tensor, ops};
+use std::sync::Mutex;
+
+const GPU: Device = Device::Cuda(0);
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A fresh stream made current on this thread (held with the returned guard).
+fn own_stream(dev: &CudaDevice) -> Result<(Stream, StreamGuard)> {
+    let stream = dev.new_stream()?;
+    let guard = stream.make_current();
+    Ok((stream, guard))
+}
+
+/// `n` values in about [-2, 2] from a small LCG: every element differs, none is zero.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let v = ((state >> 40) as f64 / (1u64 << 24) as f64) * 4.0 - 2.0;
+            if v.abs() < 1e-3 { 0.5 } else { v as f32 }
+        })
+        .collect()
+}
+
+fn bits(t: &Tensor) -> Result<Vec<u32>> {
+    Ok(t.to_vec::<f32>()?.iter().map(|v| v.to_bits()).collect())
+}
+
+/// The n = 1024 step the graph benchmarks use: `z = (x + y)·w`, `loss = Σz`, and the gradients
+/// of the loss (`gxy` for x and y, `gw` for w), from the uniform upstream gradient 1.
+fn step(x: &Tensor, y: &Tensor, w: &Tensor) -> Result<[Tensor; 3]> {
+    let z = ops::add_mul(x, y, w)?;
+    let loss = ops::sum(&z)?;
+    let (gxy, gw) = ops::add_mul_backward_uniform(1.0, x, y, w)?;
+    Ok([loss, gxy, gw])
+}
+
+#[test]
+fn replays_equal_eager_steps_bit_for_bit_with_new_inputs_each_time() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = CudaDevice::get(0)?;
+    let (_stream, _on) = own_stream(&dev)?;
+    let n = 1024;
+    let input = |seed| Tensor::from_vec(values(n, seed), [n], GPU);
+    let (x, y, w) = (input(1)?, input(2)?, input(3)?);
+    step(&x, &y, &w)?; // warm-up: loads the kernels outside the capture
+    let (graph, outputs) = Graph::capture(&dev, || step(&x, &y, &w))?;
+    assert!(graph.node_count() >= 3, "{graph:?}");
+    for round in 0..5u64 {
+        let (nx, ny, nw) = (input(10 + 3 * round)?, input(11 + 3 * round)?, input(12 + 3 * round)?);
+        x.copy_from_(&nx)?;
+        y.copy_from_(&ny)?;
+        w.copy_from_(&nw)?;
+        // Poisoned between replays: a replay that skipped an output would leave NaN.
+        for out in &outputs {
+            ops::affine_into(out, 0.0, f64::NAN, out)?;
+        }
+        graph.replay()?;
+        let eager = step(&nx, &ny, &nw)?;
+        for (k, (replayed, eager)) in outputs.iter().zip(&eager).enumerate() {
+            assert_eq!(bits(replayed)?, bits(eager)?, "round {round}, output {k}");
+        }
+        // And against f64 arithmetic: Σ (x+y)·w, and the gradients (w, x + y).
+        let (xv, yv, wv) = (nx.to_vec::<f32>()?, ny.to_vec::<f32>()?, nw.to_vec::<f32>()?);
+        let want: f64 = (0..n).map(|i| (xv[i] as f64 + yv[i] as f64) * wv[i] as f64).sum();
+        let got = outputs[0].to_vec::<f32>()?[0] as f64;
+        assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "loss {got} vs {want}");
+        assert_eq!(outputs[1].to_vec::<f32>()?, wv);
+        let sums: Vec<f32> = (0..n).map(|i| xv[i] + yv[i]).collect();
+        assert_eq!(outputs[2].to_vec::<f32>()?, sums);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_replay_repeats_in_place_updates_and_cublas_matmuls() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = CudaDevice::get(0)?;
+    let (_stream, _on) = own_stream(&dev)?;
+    let (m, k, n) = (64, 48, 32);
+    let a = Tensor::from_vec(values(m * k, 21), [m, k], GPU)?;
+    let b = Tensor::from_vec(values(k * n, 22), [k, n], GPU)?;
+    let acc = Tensor::zeros([m, n], DType::F32, GPU)?;
+    let record = || -> Result<()> {
+        let p = ops::matmul(&a, &b)?;
+        ops::add_into(&acc, &p, &acc)
+    };
+    record()?; // warm-up: cuBLAS handle, kernels
+    let (graph, ()) = Graph::capture(&dev, record)?;
+    let once = acc.to_vec::<f32>()?; // the warm-up's result: the capture itself ran nothing
+    for _ in 0..4 {
+        graph.replay()?;
+    }
+    // acc = 5·(a·b), each add rounding; compare with the same adds done eagerly.
+    let product = ops::matmul(&a, &b)?;
+    let eager = Tensor::from_vec(once, [m, n], GPU)?;
+    for _ in 0..4 {
+        ops::add_into(&eager, &product, &eager)?;
+    }
+    assert_eq!(bits(&acc)?, bits(&eager)?);
+    // And the product against f64.
+    let (av, bv, pv) = (a.to_vec::<f32>()?, b.to_vec::<f32>()?, product.to_vec::<f32>()?);
+    for i in (0..m).step_by(7) {
+        for j in (0..n).step_by(5) {
+            let want: f64 = (0..k).map(|l| av[i * k + l] as f64 * bv[l * n + j] as f64).sum();
+            assert!((pv[i * n + j] as f64 - want).abs() < 1e-4, "({i}, {j}): {} vs {want}", pv[i * n + j]);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn what_cannot_be_captured_is_a_typed_error_and_the_stream_stays_usable() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = CudaDevice::get(0)?;
+    let (stream, _on) = own_stream(&dev)?;
+    let x = Tensor::from_vec(values(256, 5), [256], GPU)?;
+    let cpu = Tensor::from_vec(values(4, 6), [4], Device::Cpu)?;
+    let side = dev.new_stream()?;
+    let elsewhere = {
+        let _on_side = side.make_current();
+        ops::scale(&x, 2.0)? // last written on `side`
+    };
+    let event = side.record_event()?;
+    let labels = Labels::new(&[0, 1], GPU)?;
+
+    let refused = |what: &str, expected_op: &str, record: &dyn Fn() -> Result<()>| -> Result<()> {
+        match Graph::capture(&dev, record) {
+            Err(Error::Capture { op, reason }) => {
+                assert_eq!(op, expected_op, "{what}: {reason}");
+                assert!(!reason.is_empty());
+            }
+            Err(other) => panic!("{what}: expected Error::Capture, got {other}"),
+            Ok(_) => panic!("{what}: the capture succeeded"),
+        }
+        // The stream runs eager work again, and a later capture works.
+        let y = ops::add(&x, &x)?;
+        assert_eq!(y.to_vec::<f32>()?[3], 2.0 * x.to_vec::<f32>()?[3], "{what}");
+        Ok(())
+    };
+    refused("a host read", "Tensor::to_vec", &|| ops::add(&x, &x)?.to_vec::<f32>().map(drop))?;
+    refused("a host write", "Tensor::write", &|| Tensor::from_vec(vec![1.0f32; 8], [8], GPU).map(drop))?;
+    refused("a stream synchronize", "Stream::synchronize", &|| stream.synchronize())?;
+    refused("a device synchronize", "CudaDevice::synchronize", &|| dev.synchronize())?;
+    refused("an event wait", "Stream::wait", &|| stream.wait(&event))?;
+    refused("a CPU op", "add", &|| ops::add(&cpu, &cpu).map(drop))?;
+    refused("an operand of another stream", "mul_f32", &|| ops::mul(&x, &elsewhere).map(drop))?;
+    refused("a label upload", "Labels::new", &|| Labels::new(&[1, 0], GPU).map(drop))?;
+    refused("a label read", "Labels::to_vec", &|| labels.to_vec().map(drop))?;
+    refused("a nested capture", "Graph::capture", &|| Graph::capture(&dev, || ops::add(&x, &x)).map(drop))?;
+    // The closure's own error comes back as it was.
+    let own = Graph::capture(&dev, || -> Result<()> {
+        ops::add(&x, &x)?;
+        Err(Error::InvalidArgument { op: "mine", reason: "stop".into() })
+    });
+    assert!(matches!(own, Err(Error::InvalidArgument { op: "mine", .. })));
+
+    let (graph, y) = Graph::capture(&dev, || ops::add(&x, &x))?;
+    graph.replay()?;
+    assert_eq!(bits(&y)?, bits(&ops::add(&x, &x)?)?);
+    Ok(())
+}
+
+#[test]
+fn memory_stays_flat_over_ten_thousand_replays() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = CudaDevice::get(0)?;
+    let (stream, _on) = own_stream(&dev)?;
+    let n = 1 << 16;
+    let (x, y, w) = (
+        Tensor::from_vec(values(n, 31), [n], GPU)?,
+        Tensor::from_vec(values(n, 32), [n], GPU)?,
+        Tensor::from_vec(values(n, 33), [n], GPU)?,
+    );
+    step(&x, &y, &w)?;
+    // Temporaries freed during the capture go back to the graph's pool for its later
+    // allocations: ten chained ops of one size need a few blocks, not ten.
+    let (graph, outputs) = Graph::capture(&dev, || {
+        let mut t = ops::add(&x, &y)?;
+        for _ in 0..10 {
+            t = ops::mul(&t, &w)?;
+        }
+        let [loss, gxy, gw] = step(&t, &y, &w)?;
+        Ok::<_, Error>([loss, gxy, gw, t])
+    })?;
+    let block = 4 * n;
+    assert!(graph.pool_bytes() <= 6 * block + 4096, "pool of {} bytes for blocks of {block}", graph.pool_bytes());
+    graph.replay()?;
+    stream.synchronize()?;
+    let (free_before, _) = dev.memory_info()?;
+    let (pool_before, cached_before) = (graph.pool_bytes(), dev.cached_block_bytes());
+    for _ in 0..10_000 {
+        graph.replay()?;
+    }
+    stream.synchronize()?;
+    let (free_after, _) = dev.memory_info()?;
+    assert_eq!(graph.pool_bytes(), pool_before);
+    assert_eq!(dev.cached_block_bytes(), cached_before);
+    // The driver's count moves only if something allocated; allow for other processes' noise.
+    assert!(free_before.abs_diff(free_after) < 8 << 20, "free memory {free_before} -> {free_after}");
+    let first = outputs[3].to_vec::<f32>()?;
+    graph.replay()?;
+    assert_eq!(outputs[3].to_vec::<f32>()?, first, "the same inputs give the same values");
+    Ok(())
+}
+
+#[test]
+fn the_graph_keeps_what_it_uses_alive_and_orders_replays_across_streams() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = CudaDevice::get(0)?;
+    let (_stream, _on) = own_stream(&dev)?;
+    let n = 4096;
+    let x = Tensor::from_vec(values(n, 41), [n], GPU)?;
+    let w = Tensor::from_vec(values(n, 42), [n], GPU)?;
+    let w_values = w.to_vec::<f32>()?;
+    let (graph, z) = Graph::capture(&dev, || ops::mul(&x, &w))?;
+    drop(w); // the graph still holds its memory
+    // Allocations of the same size must not get w's memory while the graph lives.
+    let decoys: Vec<Tensor> = (0..8).map(|k| Tensor::full(k as f64, [n], DType::F32, GPU)).collect::<Result<_>>()?;
+
+    // A new input written on another stream: the replay waits for it, and a reader of the
+    // output on that stream waits for the replay.
+    let side = dev.new_stream()?;
+    let fresh = values(n, 43);
+    let read_back = {
+        let _on_side = side.make_current();
+        x.copy_from_(&Tensor::from_vec(fresh.clone(), [n], GPU)?)?;
+        drop(_on_side);
+        graph.replay()?;
+        let _on_side = side.make_current();
+        ops::scale(&z, 1.0)?.to_vec::<f32>()?
+    };
+    let want: Vec<f32> = fresh.iter().zip(&w_values).map(|(a, b)| a * b).collect();
+    assert_eq!(read_back, want);
+    drop(decoys);
+    Ok(())
+}
