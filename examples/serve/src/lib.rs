@@ -61,7 +61,7 @@ use std::path::Path;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -483,23 +483,37 @@ fn run_worker(
     // A request that did not fit the last batch: it starts the next one.
     let mut carried = None;
     loop {
-        let batch = {
-            // Only the receiver is used under the lock, and it has no invariant a panic could
-            // break, so a poisoned lock is still sound to use.
-            let jobs = jobs.lock().unwrap_or_else(PoisonError::into_inner);
-            let first = match carried.take() {
-                Some(job) => job,
-                None => match jobs.recv() {
-                    Ok(job) => job,
+        // Only the receiver is used under the lock, and it has no invariant a panic could break,
+        // so a poisoned lock is still sound to use. The lock is released before inference:
+        // inference never runs under it.
+        let batch = match carried.take() {
+            // A request that did not fit the last batch has had its turn: it merges what is
+            // queued if the receiver is free, and otherwise runs alone at once. Waiting for the
+            // lock could wait forever: another worker holds it while it blocks for a new request.
+            Some(first) => match jobs.try_lock() {
+                Ok(jobs) => collect_into(&jobs, first, config, &mut carried),
+                Err(TryLockError::Poisoned(poisoned)) => {
+                    collect_into(&poisoned.into_inner(), first, config, &mut carried)
+                }
+                Err(TryLockError::WouldBlock) => vec![first],
+            },
+            None => {
+                let jobs = jobs.lock().unwrap_or_else(PoisonError::into_inner);
+                match jobs.recv() {
+                    Ok(first) => collect_into(&jobs, first, config, &mut carried),
                     Err(_) => return, // the router is gone
-                },
-            };
-            let (batch, rest) = collect(&jobs, first, config);
-            carried = rest;
-            batch
-        }; // the lock is released here: inference never runs under it
+                }
+            }
+        };
         run_batch(model, predict, batch, &workers);
     }
+}
+
+/// [`collect`], with the request that did not fit put in `carried`.
+fn collect_into(jobs: &Receiver<Job>, first: Job, config: &Config, carried: &mut Option<Job>) -> Vec<Job> {
+    let (batch, rest) = collect(jobs, first, config);
+    *carried = rest;
+    batch
 }
 
 /// `first` and what else arrives within `max_wait`, up to `max_merged_rows` rows; a request

@@ -23,6 +23,9 @@
 //!   [`Tensor::copy_from_`](crate::Tensor::copy_from_), before calling
 //!   [`replay`](Graph::replay); read outputs after it. A replay is ordered after earlier work
 //!   on those tensors on any stream, and later work on any stream waits for it.
+//! * **Dropping a graph** waits for its stream, and dropping the last of a graph's memory waits
+//!   for the device: drop old graphs before capturing a new one on the same device (inside a
+//!   capture, the driver refuses the wait, and the capture fails with [`Error::Capture`]).
 //! * **Scalars are frozen:** a kernel parameter (a scale, SGD's learning rate) is recorded with
 //!   the value it had during the capture. State that changes per step must live in device
 //!   memory: `opsmith_autograd`'s Adam keeps its step count and learning rate there.
