@@ -142,6 +142,75 @@ fn adam_reference(p: &mut f64, g: f64, m: &mut f64, v: &mut f64, s: &AdamStep, t
     update
 }
 
+/// Adam's parameter and moments as padded views, with their f64 reference values and the
+/// magnitudes each step added up (the tolerance grows with them: 64 roundoffs).
+struct AdamRun {
+    reference: [Vec<f64>; 3],
+    scale: [Vec<f64>; 3],
+    tensors: [State; 3],
+    dtype: DType,
+}
+
+impl AdamRun {
+    /// The parameter `p` and zero moments, at offsets that differ from each other's.
+    fn new(p: Vec<f64>, offset: usize, dtype: DType, device: Device) -> Result<AdamRun> {
+        let zeros = vec![0.0; p.len()];
+        let tensors = [
+            State::new(&p, offset, dtype, device)?,
+            State::new(&zeros, offset + 1, dtype, device)?,
+            State::new(&zeros, 3 - offset, dtype, device)?,
+        ];
+        let n = p.len();
+        Ok(AdamRun {
+            reference: [p, zeros.clone(), zeros],
+            scale: [vec![0.0; n], vec![0.0; n], vec![0.0; n]],
+            tensors,
+            dtype,
+        })
+    }
+
+    /// `op(param, grad, m, v)` on the views.
+    fn apply(&self, grad: &State, op: impl FnOnce(&Tensor, &Tensor, &Tensor, &Tensor) -> Result<()>) -> Result<()> {
+        let [param, m, v] = &self.tensors;
+        op(&param.view, &grad.view, &m.view, &v.view)
+    }
+
+    /// One step through `op`, then its checks: the state's versions moved and the gradient's
+    /// did not, the gradient is unchanged, and parameter and moments match the f64 reference
+    /// (advanced here with `step`).
+    fn step(
+        &mut self,
+        context: &str,
+        step: &AdamStep,
+        g: &[f64],
+        grad: &State,
+        op: impl FnOnce(&Tensor, &Tensor, &Tensor, &Tensor) -> Result<()>,
+    ) -> Result<()> {
+        let versions =
+            |run: &AdamRun| [&run.tensors[0], &run.tensors[1], &run.tensors[2], grad].map(|s| s.view.version());
+        let before = versions(self);
+        self.apply(grad, op)?;
+        let after = versions(self);
+        assert!(after[..3].iter().zip(&before).all(|(a, b)| a > b), "{context}: state versions");
+        assert_eq!(after[3], before[3], "{context}: grad version");
+        assert_eq!(grad.read(context)?, g, "{context}: grad changed");
+        let ([p, m, v], [sp, sm, sv]) = (&mut self.reference, &mut self.scale);
+        for i in 0..g.len() {
+            let update = adam_reference(&mut p[i], g[i], &mut m[i], &mut v[i], step, step.step);
+            sp[i] += p[i].abs() + update.abs();
+            sm[i] += m[i].abs() + g[i].abs();
+            sv[i] += v[i].abs() + g[i] * g[i];
+        }
+        let u = roundoff(self.dtype);
+        for (k, name) in ["param", "m", "v"].into_iter().enumerate() {
+            let tol: Vec<f64> = self.scale[k].iter().map(|s| 64.0 * u * s).collect();
+            let got = self.tensors[k].read(context)?;
+            assert_close(&format!("{context} {name}"), &got, &self.reference[k], &tol);
+        }
+        Ok(())
+    }
+}
+
 /// [`STEPS`] Adam steps per case, dtype, size and offset against plain f64 Adam, with the
 /// parameter and both moments compared after every step.
 pub fn adam_against_f64(device: Device) -> Result<()> {
@@ -151,40 +220,19 @@ pub fn adam_against_f64(device: Device) -> Result<()> {
             for n in OPTIM_SIZES {
                 for offset in [0, 1] {
                     let context = format!("adam case {k} {dtype} on {device}, n={n} offset={offset}");
-                    let mut p = random_values(&mut rng, n, dtype);
-                    let (mut m, mut v) = (vec![0.0; n], vec![0.0; n]);
-                    let param = State::new(&p, offset, dtype, device)?;
-                    let m_state = State::new(&m, offset + 1, dtype, device)?;
-                    let v_state = State::new(&v, 3 - offset, dtype, device)?;
-                    let mut scale = [vec![0.0; n], vec![0.0; n], vec![0.0; n]];
+                    let mut run = AdamRun::new(random_values(&mut rng, n, dtype), offset, dtype, device)?;
                     for t in case.step..case.step + STEPS {
                         let step = AdamStep { step: t, ..*case };
                         let g = random_values(&mut rng, n, dtype);
                         let grad = State::new(&g, (offset + 2) % 4, dtype, device)?;
                         if !optimizer_supported(dtype, device) {
-                            let err = ops::adam_step(&param.view, &grad.view, &m_state.view, &v_state.view, &step)
-                                .unwrap_err();
+                            let err = run.apply(&grad, |p, g, m, v| ops::adam_step(p, g, m, v, &step)).unwrap_err();
                             assert!(matches!(err, Error::UnsupportedDType { op: "adam_step", .. }), "{err}");
                             break;
                         }
-                        let before = [&param, &m_state, &v_state, &grad].map(|s| s.view.version());
-                        ops::adam_step(&param.view, &grad.view, &m_state.view, &v_state.view, &step)?;
-                        let after = [&param, &m_state, &v_state, &grad].map(|s| s.view.version());
-                        assert!(after[..3].iter().zip(&before).all(|(a, b)| a > b), "{context}: state versions");
-                        assert_eq!(after[3], before[3], "{context}: grad version");
-                        assert_eq!(grad.read(&context)?, g, "{context}: grad changed");
-                        for i in 0..n {
-                            let update = adam_reference(&mut p[i], g[i], &mut m[i], &mut v[i], &step, t);
-                            scale[0][i] += p[i].abs() + update.abs();
-                            scale[1][i] += m[i].abs() + g[i].abs();
-                            scale[2][i] += v[i].abs() + g[i] * g[i];
-                        }
-                        let u = roundoff(dtype);
-                        let tol = |s: &[f64]| s.iter().map(|s| 64.0 * u * s).collect::<Vec<_>>();
-                        let what = |name: &str| format!("{context} step {t} {name}");
-                        assert_close(&what("param"), &param.read(&context)?, &p, &tol(&scale[0]));
-                        assert_close(&what("m"), &m_state.read(&context)?, &m, &tol(&scale[1]));
-                        assert_close(&what("v"), &v_state.read(&context)?, &v, &tol(&scale[2]));
+                        run.step(&format!("{context} step {t}"), &step, &g, &grad, |p, g, m, v| {
+                            ops::adam_step(p, g, m, v, &step)
+                        })?;
                     }
                 }
             }
@@ -266,17 +314,12 @@ pub fn adam_device_against_f64(device: Device) -> Result<()> {
             for n in OPTIM_SIZES {
                 for offset in [0, 1] {
                     let context = format!("adam_step_device case {k} {dtype} on {device}, n={n} offset={offset}");
-                    let mut p = random_values(&mut rng, n, dtype);
-                    let (mut m, mut v) = (vec![0.0; n], vec![0.0; n]);
-                    let param = State::new(&p, offset, dtype, device)?;
-                    let m_state = State::new(&m, offset + 1, dtype, device)?;
-                    let v_state = State::new(&v, 3 - offset, dtype, device)?;
+                    let mut run = AdamRun::new(random_values(&mut rng, n, dtype), offset, dtype, device)?;
                     let state = AdamState::new(case.lr, device)?;
                     for _ in 1..case.step {
                         state.advance(&hyper(case))?;
                     }
                     let mut lr = case.lr;
-                    let mut scale = [vec![0.0; n], vec![0.0; n], vec![0.0; n]];
                     for t in case.step..case.step + STEPS {
                         if t == case.step + LR_CHANGE_AFTER {
                             lr = case.lr / 4.0;
@@ -287,30 +330,14 @@ pub fn adam_device_against_f64(device: Device) -> Result<()> {
                         let grad = State::new(&g, (offset + 2) % 4, dtype, device)?;
                         if !optimizer_supported(dtype, device) {
                             let err =
-                                ops::adam_step_device(&param.view, &grad.view, &m_state.view, &v_state.view, &state)
-                                    .unwrap_err();
+                                run.apply(&grad, |p, g, m, v| ops::adam_step_device(p, g, m, v, &state)).unwrap_err();
                             assert!(matches!(err, Error::UnsupportedDType { op: "adam_step_device", .. }), "{err}");
                             break;
                         }
-                        let before = [&param, &m_state, &v_state, &grad].map(|s| s.view.version());
-                        ops::adam_step_device(&param.view, &grad.view, &m_state.view, &v_state.view, &state)?;
-                        let after = [&param, &m_state, &v_state, &grad].map(|s| s.view.version());
-                        assert!(after[..3].iter().zip(&before).all(|(a, b)| a > b), "{context}: state versions");
-                        assert_eq!(after[3], before[3], "{context}: grad version");
-                        assert_eq!(grad.read(&context)?, g, "{context}: grad changed");
                         let step = AdamStep { lr, step: t, ..*case };
-                        for i in 0..n {
-                            let update = adam_reference(&mut p[i], g[i], &mut m[i], &mut v[i], &step, t);
-                            scale[0][i] += p[i].abs() + update.abs();
-                            scale[1][i] += m[i].abs() + g[i].abs();
-                            scale[2][i] += v[i].abs() + g[i] * g[i];
-                        }
-                        let u = roundoff(dtype);
-                        let tol = |s: &[f64]| s.iter().map(|s| 64.0 * u * s).collect::<Vec<_>>();
-                        let what = |name: &str| format!("{context} step {t} ({op}) {name}");
-                        assert_close(&what("param"), &param.read(&context)?, &p, &tol(&scale[0]));
-                        assert_close(&what("m"), &m_state.read(&context)?, &m, &tol(&scale[1]));
-                        assert_close(&what("v"), &v_state.read(&context)?, &v, &tol(&scale[2]));
+                        run.step(&format!("{context} step {t} ({op})"), &step, &g, &grad, |p, g, m, v| {
+                            ops::adam_step_device(p, g, m, v, &state)
+                        })?;
                     }
                     if optimizer_supported(dtype, device) {
                         assert_eq!(state.step()?, case.step + STEPS - 1, "{context}: steps counted");
