@@ -41,11 +41,11 @@
 //! device.
 //!
 //! The capture runs on the device's current stream (opsmith's default stream is an ordinary
-//! stream, so unlike PyTorch no side stream is needed), in the driver's relaxed capture mode:
-//! kernel modules and cuBLAS handles that a first use loads still load during a capture. Run
-//! the step once eagerly before capturing it, as PyTorch recommends too, so that one-time setup
-//! stays out of the capture. Other threads must not queue work on the capturing stream
-//! meanwhile: it would be recorded too.
+//! stream, so unlike PyTorch no side stream is needed), in the driver's relaxed capture mode,
+//! which lets the graph's pool allocate during the capture. Run the step once eagerly before
+//! capturing it, as PyTorch recommends too, so that one-time setup (loading kernel modules,
+//! creating cuBLAS handles) stays out of the capture; the tests and examples always do. Other
+//! threads must not queue work on the capturing stream meanwhile: it would be recorded too.
 use super::{CudaDevice, Stream};
 use crate::tensor::storage::{Storage, StorageData};
 use crate::{Error, Result};
