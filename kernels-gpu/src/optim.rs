@@ -112,6 +112,24 @@ impl<T: Copy> AdamCoefficients<T> {
     }
 }
 
+impl AdamCoefficients<f64> {
+    /// A step's coefficients from the hyperparameters, the learning rate and the betas raised to
+    /// the step number (`β1^t`, `β2^t`), in correctly rounded f64 operations.
+    #[inline(always)]
+    pub fn from_powers(hyper: &AdamHyper, lr: f64, beta1_power: f64, beta2_power: f64) -> Self {
+        AdamCoefficients {
+            beta1: hyper.beta1,
+            one_minus_beta1: 1.0 - hyper.beta1,
+            beta2: hyper.beta2,
+            one_minus_beta2: 1.0 - hyper.beta2,
+            eps: hyper.eps,
+            lr_weight_decay: lr * hyper.weight_decay,
+            step_size: lr / (1.0 - beta1_power),
+            inv_sqrt_bias2: 1.0 / sqrt_f64(1.0 - beta2_power),
+        }
+    }
+}
+
 /// Adam's hyperparameters that stay fixed from step to step. The learning rate, which a schedule
 /// may change, is part of [`AdamProgress`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -180,16 +198,7 @@ impl AdamProgress {
         self.step += 1.0;
         self.beta1_power *= hyper.beta1;
         self.beta2_power *= hyper.beta2;
-        AdamCoefficients {
-            beta1: hyper.beta1,
-            one_minus_beta1: 1.0 - hyper.beta1,
-            beta2: hyper.beta2,
-            one_minus_beta2: 1.0 - hyper.beta2,
-            eps: hyper.eps,
-            lr_weight_decay: self.lr * hyper.weight_decay,
-            step_size: self.lr / (1.0 - self.beta1_power),
-            inv_sqrt_bias2: 1.0 / sqrt_f64(1.0 - self.beta2_power),
-        }
+        AdamCoefficients::from_powers(hyper, self.lr, self.beta1_power, self.beta2_power)
     }
 }
 

@@ -95,16 +95,8 @@ impl AdamStep {
     /// The per-step scalars, in f64; each device rounds them to its arithmetic type.
     fn coefficients(&self) -> AdamCoefficients<f64> {
         let t = self.step as f64;
-        AdamCoefficients {
-            beta1: self.beta1,
-            one_minus_beta1: 1.0 - self.beta1,
-            beta2: self.beta2,
-            one_minus_beta2: 1.0 - self.beta2,
-            eps: self.eps,
-            lr_weight_decay: self.lr * self.weight_decay,
-            step_size: self.lr / (1.0 - self.beta1.powf(t)),
-            inv_sqrt_bias2: 1.0 / (1.0 - self.beta2.powf(t)).sqrt(),
-        }
+        let hyper = AdamHyper { beta1: self.beta1, beta2: self.beta2, eps: self.eps, weight_decay: self.weight_decay };
+        AdamCoefficients::from_powers(&hyper, self.lr, self.beta1.powf(t), self.beta2.powf(t))
     }
 }
 
