@@ -321,11 +321,12 @@ pub fn fused_mul_add(a: &Var, b: &Var, c: &Var) -> Result<Var> {
 
 /// `z = (x + y) * w` in one kernel.
 ///
-/// Backward: when `w` and `x` or `y` need gradients, one fused kernel writes `g * w` once (the
-/// gradient of both `x` and `y`) and `g * (x + y)`; otherwise only the gradient needed is
-/// computed, and only the tensors it needs are saved. When both `x` and `y` need gradients,
-/// [`Tape::backward`](crate::Tape::backward) gives one of them a copy of `g * w` (a memory
-/// copy, no kernel), as no two variables' gradients share memory.
+/// Backward: when `w` and `x` or `y` need gradients, one fused kernel writes `g * w` (the
+/// gradient of both `x` and `y`) and `g * (x + y)`. When `x`, `y` and `w` all need gradients,
+/// that kernel writes `g * w` into two tensors, one for `x` and one for `y`, as no two
+/// variables' gradients share memory. Otherwise only the gradient needed is computed, and only
+/// the tensors it needs are saved (when both `x` and `y` need `g * w` but `w` needs nothing,
+/// [`Tape::backward`](crate::Tape::backward) gives one of them a copy).
 ///
 /// ```
 /// # fn main() -> opsmith_autograd::Result<()> {
@@ -349,6 +350,9 @@ pub fn add_mul(x: &Var, y: &Var, w: &Var) -> Result<Var> {
     let out = host::add_mul(x.value(), y.value(), w.value())?;
     record_or_constant!("add_mul", &[x, y, w], out, |tape| {
         let (x_need, y_need, w_need) = (x.requires_grad(), y.requires_grad(), w.requires_grad());
+        // Two variables that each need `g * w`: the kernel writes it twice, so neither needs a
+        // copy at the end of backward.
+        let split = x_need && y_need && w_need && x.id() != y.id();
         let saved_w = save_if(x_need || y_need, w.value());
         let saved_x = save_if(w_need, x.value());
         let saved_y = save_if(w_need, y.value());
@@ -363,6 +367,10 @@ pub fn add_mul(x: &Var, y: &Var, w: &Var) -> Result<Var> {
             &keep.iter().collect::<Vec<_>>(),
             move |g| {
                 let (gxy, gw) = match &saved {
+                    (Some(x), Some(y), Some(w)) if split => {
+                        let (gx, gy, gw) = host::add_mul_backward_split(g, x, y, w)?;
+                        return Ok(vec![Some(gx), Some(gy), Some(gw)]);
+                    }
                     (Some(x), Some(y), Some(w)) => {
                         let (gxy, gw) = host::add_mul_backward(g, x, y, w)?;
                         (Some(gxy), Some(gw))
@@ -378,6 +386,10 @@ pub fn add_mul(x: &Var, y: &Var, w: &Var) -> Result<Var> {
             // or read.
             move |v| {
                 let (gxy, gw) = match &uniform_saved {
+                    (Some(x), Some(y), Some(w)) if split => {
+                        let (gx, gy, gw) = host::add_mul_backward_split_uniform(v, x, y, w)?;
+                        return Ok([gx, gy, gw].map(|t| Some(Grad::Tensor(t))).into());
+                    }
                     (Some(x), Some(y), Some(w)) => {
                         let (gxy, gw) = host::add_mul_backward_uniform(v, x, y, w)?;
                         (Some(gxy), Some(gw))

@@ -29,7 +29,7 @@
 //! ```
 use crate::tape::{Gradients, Var};
 use crate::{Error, Result};
-use opsmith_host::ops::{AdamHyper, AdamState};
+use opsmith_host::ops::{AdamHyper, AdamState, AdamTensors};
 use opsmith_host::{Device, Tensor, ops};
 
 /// What every optimizer does: one update from the gradients of a backward.
@@ -160,13 +160,14 @@ impl Default for AdamConfig {
     }
 }
 
-/// Adam over a set of parameters, one fused kernel per parameter and step (it reads `p`, `g`,
-/// `m`, `v` and writes `p`, `m`, `v` in one pass). See [`AdamConfig`].
+/// Adam over a set of parameters, fused: each parameter's update reads `p`, `g`, `m`, `v` and
+/// writes `p`, `m`, `v` in one pass, and one kernel updates up to four parameters. See
+/// [`AdamConfig`].
 ///
 /// Adam is capturable: its step count and learning rate live on the device, in one
 /// [`AdamState`] per device that holds parameters. A step advances each state once (one tiny
 /// kernel: the step count, the betas' powers and that step's coefficients, all on the device),
-/// then runs one fused kernel per parameter that reads the coefficients from device memory.
+/// then runs one fused kernel per four parameters that reads the coefficients from device memory.
 /// No step reads the device or copies to it, so a CUDA graph can record it, and each replay is
 /// a correct next step. [`set_lr`](Adam::set_lr) writes the learning rate on the device for the
 /// next step, eager or replayed.
@@ -308,7 +309,7 @@ impl Adam {
 
 impl Optimizer for Adam {
     /// Advances each device's [`AdamState`] one step, then updates every parameter that has a
-    /// gradient from it.
+    /// gradient from it, four parameters a launch on CUDA ([`ops::adam_step_device_group`]).
     fn step(&mut self, grads: &Gradients) -> Result<()> {
         let c = self.config;
         let hyper = AdamHyper { beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay };
@@ -316,10 +317,17 @@ impl Optimizer for Adam {
             state.advance(&hyper)?;
         }
         self.step += 1;
-        for ((p, (m, v)), &k) in self.params.iter().zip(&self.moments).zip(&self.state_of) {
-            if let Some(g) = grads.get(p) {
-                ops::adam_step_device(p.value(), g, m, v, &self.states[k])?;
-            }
+        // One grouped update per device: a launch per four parameters on CUDA.
+        for (k, state) in self.states.iter().enumerate() {
+            let slots: Vec<AdamTensors<'_>> = self
+                .params
+                .iter()
+                .zip(&self.moments)
+                .zip(&self.state_of)
+                .filter(|&(_, &of)| of == k)
+                .filter_map(|((p, (m, v)), _)| grads.get(p).map(|grad| AdamTensors { param: p.value(), grad, m, v }))
+                .collect();
+            ops::adam_step_device_group(&slots, state)?;
         }
         Ok(())
     }

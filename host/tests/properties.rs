@@ -28,6 +28,8 @@ property!(fused_mul_add_matches_f64, Op::FusedMulAdd);
 property!(add_mul_matches_f64, Op::AddMul);
 property!(add_mul_backward_matches_f64, Op::AddMulBackward);
 property!(add_mul_backward_uniform_matches_f64, Op::AddMulBackwardUniform);
+property!(add_mul_backward_split_matches_f64, Op::AddMulBackwardSplit);
+property!(add_mul_backward_split_uniform_matches_f64, Op::AddMulBackwardSplitUniform);
 
 /// IEEE 754 specials, spelled out: NaN in, NaN out; inf·0 = NaN; inf − inf = NaN; inf + finite = inf.
 #[test]

@@ -16,7 +16,9 @@ macro_rules! elementwise_family {
             fused_mul_add: $fma:ident,
             add_mul: $add_mul:ident,
             add_mul_backward: $add_mul_bwd:ident,
-            add_mul_backward_uniform: $add_mul_bwd_uniform:ident $(,)?
+            add_mul_backward_uniform: $add_mul_bwd_uniform:ident,
+            add_mul_backward_split: $add_mul_bwd_split:ident,
+            add_mul_backward_split_uniform: $add_mul_bwd_split_uniform:ident $(,)?
         }
     ) => {
         $(#[$table_doc])*
@@ -30,6 +32,8 @@ macro_rules! elementwise_family {
             add_mul: $add_mul,
             add_mul_backward: $add_mul_bwd,
             add_mul_backward_uniform: $add_mul_bwd_uniform,
+            add_mul_backward_split: $add_mul_bwd_split,
+            add_mul_backward_split_uniform: $add_mul_bwd_split_uniform,
         };
 
         crate::kernel! {
@@ -217,6 +221,72 @@ macro_rules! elementwise_family {
                 }
             }
         }
+
+        crate::kernel! {
+            /// The backward of `z = (x + y) * w` when `x` and `y` are distinct variables that
+            /// each need a gradient of their own: `gx[i] = gy[i] = g[i] * w[i]` and
+            /// `gw[i] = g[i] * (x[i] + y[i])`, in one pass. Writing `gy` here costs one store
+            /// per element; a copy of `gx` afterwards would cost a load, a store and a launch.
+            ///
+            /// Thread mapping as for the `add` kernel of this family.
+            ///
+            /// # Safety
+            /// All seven pointers are valid for `n` elements and aligned to the element type;
+            /// each output is exactly one input or overlaps no input, and the outputs do not
+            /// overlap each other.
+            pub unsafe fn $add_mul_bwd_split(
+                g: *const [$elem; n],
+                x: *const [$elem; n],
+                y: *const [$elem; n],
+                w: *const [$elem; n],
+                #[in_place] gx: *mut [$elem; n],
+                #[in_place] gy: *mut [$elem; n],
+                #[in_place] gw: *mut [$elem; n],
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe {
+                    crate::device::elementwise::map_elementwise::<$elem, 4, 3>(
+                        [g, x, y, w],
+                        [gx, gy, gw],
+                        n,
+                        |[g, x, y, w]| [g * w, g * w, g * (x + y)],
+                    )
+                }
+            }
+        }
+
+        crate::kernel! {
+            /// As the split backward of this family for an upstream gradient that is `g` in every
+            /// element: `gx[i] = gy[i] = g * w[i]` and `gw[i] = g * (x[i] + y[i])`.
+            ///
+            /// Thread mapping as for the `add` kernel of this family.
+            ///
+            /// # Safety
+            /// All six pointers are valid for `n` elements and aligned to the element type; each
+            /// output is exactly one input or overlaps no input, and the outputs do not overlap
+            /// each other.
+            pub unsafe fn $add_mul_bwd_split_uniform(
+                x: *const [$elem; n],
+                y: *const [$elem; n],
+                w: *const [$elem; n],
+                #[in_place] gx: *mut [$elem; n],
+                #[in_place] gy: *mut [$elem; n],
+                #[in_place] gw: *mut [$elem; n],
+                g: f32,
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe {
+                    crate::device::elementwise::map_elementwise::<$elem, 3, 3>(
+                        [x, y, w],
+                        [gx, gy, gw],
+                        n,
+                        |[x, y, w]| [g * w, g * w, g * (x + y)],
+                    )
+                }
+            }
+        }
     };
 }
 
@@ -231,6 +301,8 @@ elementwise_family! {
         add_mul: add_mul_f32,
         add_mul_backward: add_mul_backward_f32,
         add_mul_backward_uniform: add_mul_backward_uniform_f32,
+        add_mul_backward_split: add_mul_backward_split_f32,
+        add_mul_backward_split_uniform: add_mul_backward_split_uniform_f32,
     }
 }
 
@@ -245,6 +317,8 @@ elementwise_family! {
         add_mul: add_mul_f16,
         add_mul_backward: add_mul_backward_f16,
         add_mul_backward_uniform: add_mul_backward_uniform_f16,
+        add_mul_backward_split: add_mul_backward_split_f16,
+        add_mul_backward_split_uniform: add_mul_backward_split_uniform_f16,
     }
 }
 
@@ -259,5 +333,7 @@ elementwise_family! {
         add_mul: add_mul_bf16,
         add_mul_backward: add_mul_backward_bf16,
         add_mul_backward_uniform: add_mul_backward_uniform_bf16,
+        add_mul_backward_split: add_mul_backward_split_bf16,
+        add_mul_backward_split_uniform: add_mul_backward_split_uniform_bf16,
     }
 }

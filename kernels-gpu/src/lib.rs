@@ -47,6 +47,8 @@ pub mod dtype;
 mod elementwise;
 #[cfg(any(not(target_arch = "nvptx64"), feature = "loss"))]
 mod loss;
+#[cfg(any(not(target_arch = "nvptx64"), feature = "matmul"))]
+mod matmul;
 pub mod names;
 #[cfg(any(not(target_arch = "nvptx64"), feature = "optimizer"))]
 pub mod optim;
@@ -60,7 +62,8 @@ mod softmax;
 mod timing;
 
 pub use names::{
-    ActivationKernels, ElementwiseKernels, Family, LossKernels, OptimizerKernels, ReductionKernels, SoftmaxKernels,
+    ActivationKernels, ElementwiseKernels, Family, LossKernels, MatmulKernels, OptimizerKernels, ReductionKernels,
+    SoftmaxKernels,
 };
 
 /// The kernels never unwind: a panic on the device stops the thread with a trap, which the host

@@ -23,6 +23,8 @@ use crate::decl::{In, KernelDecl, Out};
 /// use opsmith_kernels::names::{BF16, F16, F32};
 /// assert_eq!([F32.add.name(), F16.add.name(), BF16.add.name()], ["add_f32", "add_f16", "add_bf16"]);
 /// ```
+// The long tuples are the kernels' parameter lists, spelled out on purpose.
+#[allow(clippy::type_complexity)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ElementwiseKernels {
     /// `out = a + b`.
@@ -41,6 +43,11 @@ pub struct ElementwiseKernels {
     pub add_mul_backward: KernelDecl<(In, In, In, In, Out, Out, u64)>,
     /// As `add_mul_backward` for a scalar `g`, the same in every element.
     pub add_mul_backward_uniform: KernelDecl<(In, In, In, Out, Out, f32, u64)>,
+    /// `gx = gy = g * w`, `gw = g * (x + y)`: as `add_mul_backward`, with `x`'s and `y`'s
+    /// gradients in two tensors.
+    pub add_mul_backward_split: KernelDecl<(In, In, In, In, Out, Out, Out, u64)>,
+    /// As `add_mul_backward_split` for a scalar `g`, the same in every element.
+    pub add_mul_backward_split_uniform: KernelDecl<(In, In, In, Out, Out, Out, f32, u64)>,
 }
 
 impl ElementwiseKernels {
@@ -50,7 +57,7 @@ impl ElementwiseKernels {
     /// let all = opsmith_kernels::names::F32.all();
     /// assert!(all.contains(&"add_mul_backward_f32"));
     /// ```
-    pub const fn all(&self) -> [&'static str; 8] {
+    pub const fn all(&self) -> [&'static str; 10] {
         [
             self.add.name(),
             self.sub.name(),
@@ -60,6 +67,8 @@ impl ElementwiseKernels {
             self.add_mul.name(),
             self.add_mul_backward.name(),
             self.add_mul_backward_uniform.name(),
+            self.add_mul_backward_split.name(),
+            self.add_mul_backward_split_uniform.name(),
         ]
     }
 }
@@ -74,14 +83,16 @@ impl ElementwiseKernels {
 pub struct ReductionKernels {
     /// First pass of a whole-tensor sum: one f32 partial per warp.
     pub sum_partials: &'static str,
-    /// Second pass: the partials' sum, times a scale, in one warp.
+    /// Second pass: the partials' sum, times a scale, in one block.
     pub sum_finish: &'static str,
     /// `out[i] = g[0] * scale`.
     pub broadcast_scalar: &'static str,
     /// `out[r, c] = x[r, c] + b[c]`.
     pub add_row: &'static str,
-    /// `out[c] = sum over r of g[r, c]`.
+    /// `out[c] = sum over r of g[r, c]`, a block per tile of 32 columns.
     pub sum_rows: &'static str,
+    /// As `sum_rows`, a block per column: for a few columns.
+    pub sum_rows_by_column: &'static str,
 }
 
 impl ReductionKernels {
@@ -89,11 +100,18 @@ impl ReductionKernels {
     ///
     /// ```
     /// let all = opsmith_kernels::names::reduction::F16.all();
-    /// assert_eq!(all.len(), 5);
+    /// assert_eq!(all.len(), 6);
     /// assert!(all.iter().all(|name| name.ends_with("_f16")));
     /// ```
-    pub const fn all(&self) -> [&'static str; 5] {
-        [self.sum_partials, self.sum_finish, self.broadcast_scalar, self.add_row, self.sum_rows]
+    pub const fn all(&self) -> [&'static str; 6] {
+        [
+            self.sum_partials,
+            self.sum_finish,
+            self.broadcast_scalar,
+            self.add_row,
+            self.sum_rows,
+            self.sum_rows_by_column,
+        ]
     }
 }
 
@@ -143,6 +161,32 @@ pub struct OptimizerKernels {
     pub adam: KernelDecl<(In, In, In, In, Out, Out, Out, f32, f32, f32, f32, f32, f32, f32, f32, u64)>,
     /// Adam (AdamW) as `adam`, its per-step scalars read from a buffer of 8 f32 (capturable).
     pub adam_device: KernelDecl<(In, In, In, In, Out, Out, Out, In, u64)>,
+    /// `adam_device` over up to four parameters in one launch: per slot `param`, `grad`, `m`,
+    /// `v` (parameter and moments in place) and the length, a length of 0 for an unused slot;
+    /// then the coefficients.
+    pub adam_device_group: KernelDecl<(
+        Out,
+        In,
+        Out,
+        Out,
+        u64,
+        Out,
+        In,
+        Out,
+        Out,
+        u64,
+        Out,
+        In,
+        Out,
+        Out,
+        u64,
+        Out,
+        In,
+        Out,
+        Out,
+        u64,
+        In,
+    )>,
     /// One step of the capturable Adam's state (4 f64) on the device, writing the 8 f32
     /// coefficients that `adam_device` reads.
     pub adam_advance: KernelDecl<(Out, Out, f64, f64, f64, f64)>,
@@ -150,8 +194,15 @@ pub struct OptimizerKernels {
 
 impl OptimizerKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 5] {
-        [self.sgd.name(), self.sgd_momentum.name(), self.adam.name(), self.adam_device.name(), self.adam_advance.name()]
+    pub const fn all(&self) -> [&'static str; 6] {
+        [
+            self.sgd.name(),
+            self.sgd_momentum.name(),
+            self.adam.name(),
+            self.adam_device.name(),
+            self.adam_device_group.name(),
+            self.adam_advance.name(),
+        ]
     }
 }
 
@@ -300,6 +351,26 @@ impl LossKernels {
     }
 }
 
+/// The small matrix product kernels of one storage dtype (see the `matmul` family).
+// The long tuples are the kernels' parameter lists, spelled out on purpose.
+#[allow(clippy::type_complexity)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulKernels {
+    /// One thread per output: for a short inner dimension.
+    pub small_thread: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
+    /// One warp per output, the lanes splitting the inner dimension: for a middling one.
+    pub small_warp: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
+    /// One block per output, the threads splitting the inner dimension: for a long one.
+    pub small_block: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
+}
+
+impl MatmulKernels {
+    /// Every entry point of the table.
+    pub const fn all(&self) -> [&'static str; 3] {
+        [self.small_thread.name(), self.small_warp.name(), self.small_block.name()]
+    }
+}
+
 #[cfg(not(target_arch = "nvptx64"))]
 pub use crate::elementwise::{BF16, F16, F32};
 
@@ -311,6 +382,16 @@ pub use crate::elementwise::{BF16, F16, F32};
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod reduction {
     pub use crate::reduction::{BF16, F16, F32};
+}
+
+/// The small matrix product tables, by dtype.
+///
+/// ```
+/// assert_eq!(opsmith_kernels::names::matmul::F16.small_warp.name(), "matmul_small_warp_f16");
+/// ```
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod matmul {
+    pub use crate::matmul::{BF16, F16, F32};
 }
 
 /// The activation tables, by dtype.
@@ -364,14 +445,18 @@ pub const ALL_SOFTMAX: [SoftmaxKernels; 3] = [softmax::F32, softmax::F16, softma
 #[cfg(not(target_arch = "nvptx64"))]
 pub const ALL_LOSS: [LossKernels; 3] = [loss::F32, loss::F16, loss::BF16];
 
+/// Every small matrix product table this crate defines.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const ALL_MATMUL: [MatmulKernels; 3] = [matmul::F32, matmul::F16, matmul::BF16];
+
 /// Every kernel name of the crate, for checks that the PTX defines exactly these.
 ///
 /// ```
 /// let names: Vec<&str> = opsmith_kernels::names::all_kernel_names().collect();
-/// // Three dtypes of elementwise, reduction, activation, softmax and loss kernels; f32 optimizers.
-/// // Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1 long kernel. And the
-/// // benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (8 + 5 + 6 + 2 * (3 + 1 + 1) + 4) + 5 + 1);
+/// // Three dtypes of elementwise, reduction, activation, softmax, loss and small-product
+/// // kernels; f32 optimizers. Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1 long
+/// // kernel. And the benchmarks' `spin_ns`.
+/// assert_eq!(names.len(), 3 * (10 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 3) + 6 + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]
@@ -405,11 +490,13 @@ pub enum Family {
     Loss,
     /// `spin_ns`, the benchmarks' busy-wait.
     Timing,
+    /// Matrix products too small for a library GEMM.
+    Matmul,
 }
 
 impl Family {
     /// Every family, in the order the modules are shipped.
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 8] = [
         Family::Elementwise,
         Family::Reduction,
         Family::Activation,
@@ -417,6 +504,7 @@ impl Family {
         Family::Softmax,
         Family::Loss,
         Family::Timing,
+        Family::Matmul,
     ];
 
     /// The family's name: its cargo feature in this crate, and the stem of its shipped files.
@@ -429,6 +517,7 @@ impl Family {
             Family::Softmax => "softmax",
             Family::Loss => "loss",
             Family::Timing => "timing",
+            Family::Matmul => "matmul",
         }
     }
 
@@ -450,6 +539,7 @@ impl Family {
             Family::Softmax => Box::new(ALL_SOFTMAX.into_iter().flat_map(|t| t.all())),
             Family::Loss => Box::new(ALL_LOSS.into_iter().flat_map(|t| t.all())),
             Family::Timing => Box::new([SPIN].into_iter()),
+            Family::Matmul => Box::new(ALL_MATMUL.into_iter().flat_map(|t| t.all())),
         }
     }
 

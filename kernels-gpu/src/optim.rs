@@ -226,14 +226,18 @@ pub fn adam<T: Real>(p: T, g: T, m: T, v: T, c: &AdamCoefficients<T>) -> (T, T, 
     ((-c.step_size).mul_add(m / denom, decayed), m, v)
 }
 
-/// Both Adam kernels' pass: [`adam`] over `n` elements with the step's coefficients `c`.
+/// The Adam kernels' pass: [`adam`] over `n` elements with the step's coefficients `c`, the
+/// calling thread taking rank `rank` of `threads` (`map_elementwise_as`).
 ///
 /// # Safety
-/// As for `map_elementwise`: every pointer is valid for `n` elements and aligned to `T`; each
-/// output is exactly one input or overlaps none, and the outputs do not overlap each other.
+/// As for `map_elementwise_as`: every pointer is valid for `n` elements and aligned to `T`; each
+/// output is exactly one input or overlaps none, and the outputs do not overlap each other; the
+/// grid's threads take the ranks `0..threads` once each.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 unsafe fn adam_elements<T: crate::device::element::Element>(
+    rank: u64,
+    threads: u64,
     inputs: [*const T; 4],
     outputs: [*mut T; 3],
     n: u64,
@@ -241,7 +245,7 @@ unsafe fn adam_elements<T: crate::device::element::Element>(
 ) {
     // SAFETY: forwarded from this function's contract.
     unsafe {
-        crate::device::elementwise::map_elementwise::<T, 4, 3>(inputs, outputs, n, |[p, g, m, v]| {
+        crate::device::elementwise::map_elementwise_as::<T, 4, 3>(rank, threads, inputs, outputs, n, |[p, g, m, v]| {
             let (p, m, v) = adam(p, g, m, v, c);
             [p, m, v]
         })
@@ -256,6 +260,7 @@ macro_rules! optimizer_family {
             sgd_momentum: $sgd_momentum:ident,
             adam: $adam:ident,
             adam_device: $adam_device:ident,
+            adam_device_group: $adam_device_group:ident,
             adam_advance: $adam_advance:ident $(,)?
         }
     ) => {
@@ -266,6 +271,7 @@ macro_rules! optimizer_family {
             sgd_momentum: $sgd_momentum,
             adam: $adam,
             adam_device: $adam_device,
+            adam_device_group: $adam_device_group,
             adam_advance: $adam_advance,
         };
 
@@ -372,7 +378,10 @@ macro_rules! optimizer_family {
                     inv_sqrt_bias2,
                 };
                 // SAFETY: forwarded from this kernel's contract.
-                unsafe { adam_elements([param, grad, m, v], [param_out, m_out, v_out], n, &c) }
+                unsafe {
+                    let (rank, threads) = (crate::device::index::global_thread_index(), crate::device::index::grid_thread_count());
+                    adam_elements(rank, threads, [param, grad, m, v], [param_out, m_out, v_out], n, &c)
+                }
             }
         }
 
@@ -405,7 +414,74 @@ macro_rules! optimizer_family {
                 // contract); an array of f32 needs only f32's alignment.
                 let c = AdamCoefficients::from_array(unsafe { coefficients.cast::<[f32; 8]>().read() });
                 // SAFETY: forwarded from this kernel's contract.
-                unsafe { adam_elements([param, grad, m, v], [param_out, m_out, v_out], n, &c) }
+                unsafe {
+                    let (rank, threads) = (crate::device::index::global_thread_index(), crate::device::index::grid_thread_count());
+                    adam_elements(rank, threads, [param, grad, m, v], [param_out, m_out, v_out], n, &c)
+                }
+            }
+        }
+
+        crate::kernel! {
+            /// The capturable Adam step of up to four parameters in one launch: for each slot
+            /// `k` in 0..4, the `adam_device` update of this family over `param_k`, `grad_k`,
+            /// `m_k` and `v_k` (`n_k` elements, in place), with the coefficients read from
+            /// `coefficients`. A slot with `n_k = 0` is skipped. A model's small tensors (biases,
+            /// a small layer's weights) each cost a launch of their own otherwise, which in a
+            /// replayed CUDA graph is most of their update's time.
+            ///
+            /// Thread mapping: each slot as in the `adam_device` kernel (grid-stride over 16-byte
+            /// packs), with the threads' ranks rotated per slot so that a grid covering the
+            /// slots' packs together reads the slots in parallel; any grid size is correct.
+            ///
+            /// # Safety
+            /// `coefficients` is valid for 8 f32 and no thread writes it during the launch. For
+            /// each slot, every pointer is valid for `n_k` elements and aligned to the element
+            /// type; the sixteen buffers overlap none of each other (empty ones excepted).
+            pub unsafe fn $adam_device_group(
+                param_0: *mut [$elem; n_0],
+                grad_0: *const [$elem; n_0],
+                m_0: *mut [$elem; n_0],
+                v_0: *mut [$elem; n_0],
+                n_0: u64,
+                param_1: *mut [$elem; n_1],
+                grad_1: *const [$elem; n_1],
+                m_1: *mut [$elem; n_1],
+                v_1: *mut [$elem; n_1],
+                n_1: u64,
+                param_2: *mut [$elem; n_2],
+                grad_2: *const [$elem; n_2],
+                m_2: *mut [$elem; n_2],
+                v_2: *mut [$elem; n_2],
+                n_2: u64,
+                param_3: *mut [$elem; n_3],
+                grad_3: *const [$elem; n_3],
+                m_3: *mut [$elem; n_3],
+                v_3: *mut [$elem; n_3],
+                n_3: u64,
+                coefficients: *const [f32; 8],
+            ) {
+                // SAFETY: `coefficients` holds 8 f32 that nothing writes meanwhile (this kernel's
+                // contract); an array of f32 needs only f32's alignment.
+                let c = AdamCoefficients::from_array(unsafe { coefficients.cast::<[f32; 8]>().read() });
+                // Slot k's ranks are rotated by the packs of the slots before it, so that with a
+                // grid covering all the slots' packs each thread's first pack lies in one slot and
+                // the slots are read in parallel. Four calls written out, not a loop over an
+                // array of slots: indexing the array with a loop counter would put it on the
+                // stack.
+                use crate::device::{element::Element, index};
+                let (threads, thread) = (index::grid_thread_count(), index::global_thread_index());
+                let lanes = <$elem as Element>::LANES as u64;
+                let rank = |before: u64| (thread + threads - before % threads) % threads;
+                let (o1, o2, o3) = (n_0 / lanes, (n_0 + n_1) / lanes, (n_0 + n_1 + n_2) / lanes);
+                // SAFETY (all four): forwarded from this kernel's contract: each output is
+                // exactly its own input (in place) and overlaps nothing else; `rank` maps the
+                // grid's threads one to one onto 0..threads.
+                unsafe {
+                    adam_elements(rank(0), threads, [param_0.cast_const(), grad_0, m_0.cast_const(), v_0.cast_const()], [param_0, m_0, v_0], n_0, &c);
+                    adam_elements(rank(o1), threads, [param_1.cast_const(), grad_1, m_1.cast_const(), v_1.cast_const()], [param_1, m_1, v_1], n_1, &c);
+                    adam_elements(rank(o2), threads, [param_2.cast_const(), grad_2, m_2.cast_const(), v_2.cast_const()], [param_2, m_2, v_2], n_2, &c);
+                    adam_elements(rank(o3), threads, [param_3.cast_const(), grad_3, m_3.cast_const(), v_3.cast_const()], [param_3, m_3, v_3], n_3, &c);
+                }
             }
         }
 
@@ -457,6 +533,7 @@ optimizer_family! {
         sgd_momentum: sgd_momentum_f32,
         adam: adam_f32,
         adam_device: adam_device_f32,
+        adam_device_group: adam_device_group_f32,
         adam_advance: adam_advance_f32,
     }
 }

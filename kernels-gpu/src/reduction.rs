@@ -4,7 +4,7 @@
 //!
 //! The whole-tensor sum is two launches with a fixed order of additions, so it gives the same
 //! bits on every run: `sum_partials` leaves one f32 partial per warp in a scratch buffer, and
-//! `sum_finish` adds the partials in one warp. Each thread's sequential share of either pass
+//! `sum_finish` adds the partials in one block. Each thread's sequential share of either pass
 //! (a thousand values a thread at 2^28 elements, hundreds of partials a lane) is a compensated
 //! sum, so the error is that of the warps' trees, not of the long chains.
 use crate::names::ReductionKernels;
@@ -17,7 +17,8 @@ macro_rules! reduction_family {
             sum_finish: $finish:ident,
             broadcast_scalar: $broadcast:ident,
             add_row: $add_row:ident,
-            sum_rows: $sum_rows:ident $(,)?
+            sum_rows: $sum_rows:ident,
+            sum_rows_by_column: $sum_rows_by_column:ident $(,)?
         }
     ) => {
         $(#[$table_doc])*
@@ -27,6 +28,7 @@ macro_rules! reduction_family {
             broadcast_scalar: stringify!($broadcast),
             add_row: stringify!($add_row),
             sum_rows: stringify!($sum_rows),
+            sum_rows_by_column: stringify!($sum_rows_by_column),
         };
 
         /// First pass of a sum: each thread adds its grid-stride share of `x[..n]` in f32, each
@@ -50,27 +52,40 @@ macro_rules! reduction_family {
             unsafe { warp::store_warp_total(acc.total(), partials) };
         }
 
-        /// Second pass of a sum, launched as one warp (grid 1, block 32):
+        /// Second pass of a sum, launched as one block:
         /// `out[0] = scale * (partials[0] + … + partials[count - 1])`, rounded to the dtype.
         ///
+        /// Thread `t` adds partials `t, t + blockDim.x, …` (compensated), then the block adds the
+        /// threads' totals ([`BlockReduce`](crate::device::block::BlockReduce)). Every thread
+        /// issues its few loads at once, so a thousand partials cost a few memory latencies, not
+        /// the thirty-odd dependent ones of a single warp. The order of the additions depends
+        /// only on `count` and the block size, so a given launch gives the same bits every run.
+        ///
         /// # Safety
-        /// `partials` is valid for `count` values and `out` for one element; the launch is exactly
-        /// one block of 32 threads.
+        /// `partials` is valid for `count` values and `out` for one element; the launch is one
+        /// block (`gridDim = 1`) whose `blockDim.x` is a multiple of 32, at most 1024, with
+        /// `blockDim.y = blockDim.z = 1`.
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $finish(partials: *const f32, out: *mut $elem, count: u64, scale: f32) {
-            use crate::device::{element::Element, math::CompensatedSum, warp};
-            let lane = warp::lane_id() as u64;
-            let mut acc = CompensatedSum::ZERO;
-            let mut i = lane;
-            while i < count {
+            use crate::device::{block::BlockReduce, element::Element, math::CompensatedSum, unroll::strided_fold};
+            use core::arch::nvptx;
+            let mut block = BlockReduce::new();
+            // SAFETY: reading the special registers has no preconditions.
+            let (thread, threads) = unsafe { (nvptx::_thread_idx_x() as u64, nvptx::_block_dim_x() as u64) };
+            let acc = strided_fold::<4, f32, CompensatedSum>(
+                thread,
+                count,
+                threads,
+                CompensatedSum::ZERO,
                 // SAFETY: i < count.
-                acc = acc.add(unsafe { partials.add(i as usize).read() });
-                i += 32;
-            }
-            // SAFETY: the launch is one whole warp and every lane reaches this point.
-            let total = unsafe { warp::warp_sum(acc.total()) };
-            if lane == 0 {
+                |i| unsafe { partials.add(i as usize).read() },
+                CompensatedSum::add,
+            );
+            // SAFETY: every thread of the one block reaches this call once; the block shape is
+            // this kernel's contract.
+            let total = unsafe { block.sum(acc.total()) };
+            if thread == 0 {
                 // SAFETY: `out` is valid for one element.
                 unsafe { out.write(<$elem>::from_f32(total * scale)) };
             }
@@ -126,7 +141,7 @@ macro_rules! reduction_family {
         /// Thread mapping: a block takes 32 neighbouring columns at a time (block-stride over
         /// tiles of 32), lane `l` of every warp column `l` of the tile, so each warp reads 32
         /// neighbouring values of a row (coalesced). The block's `W` warps split the rows: warp
-        /// `w` adds rows `w, w + W, …` in order, and the warps' sums are added in warp order
+        /// `w` adds rows `w, w + W, …` in order (eight loads in flight), and the warps' sums are added in warp order
         /// ([`LaneSums`](crate::device::block::LaneSums)). With a few columns, all of a block's
         /// warps still read rows at once; the order of the additions depends only on the block
         /// size, so every run gives the same bits.
@@ -137,7 +152,7 @@ macro_rules! reduction_family {
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $sum_rows(g: *const $elem, out: *mut $elem, rows: u64, cols: u64) {
-            use crate::device::{block::LaneSums, element::Element, index};
+            use crate::device::{block::LaneSums, element::Element, index, unroll::strided_fold};
             use core::arch::nvptx;
             let mut sums = LaneSums::new();
             // SAFETY: reading the special registers has no preconditions.
@@ -148,16 +163,61 @@ macro_rules! reduction_family {
                 let c = tile * 32 + lane;
                 let mut acc = 0.0f32;
                 if c < cols {
-                    let mut r = warp;
-                    while r < rows {
+                    // Rows w, w + W, … in order, eight loads in flight.
+                    acc = strided_fold::<8, f32, f32>(
+                        warp,
+                        rows,
+                        warps,
+                        0.0,
                         // SAFETY: r < rows and c < cols.
-                        acc += unsafe { g.add((r * cols + c) as usize).read() }.to_f32();
-                        r += warps;
-                    }
+                        |r| unsafe { g.add((r * cols + c) as usize).read() }.to_f32(),
+                        |acc, v| acc + v,
+                    );
                 }
                 // SAFETY: every thread of the block calls it, once per tile (see above).
                 let total = unsafe { sums.sum_to_first_warp(acc) };
                 if warp == 0 && c < cols {
+                    // SAFETY: c < cols.
+                    unsafe { out.add(c as usize).write(<$elem>::from_f32(total)) };
+                }
+            }
+        }
+
+        /// `out[c] = g[0, c] + … + g[rows - 1, c]`, added in f32, with one block per column:
+        /// the backward of a narrow bias row, where the tiled `sum_rows` of this family would
+        /// put all the rows of a few tiles on a few SMs.
+        ///
+        /// Thread mapping: blocks grid-stride over the columns; thread `t` adds rows `t,
+        /// t + blockDim.x, …` of its block's column in order (four loads in flight), and the
+        /// block adds its threads' sums ([`BlockReduce`](crate::device::block::BlockReduce)).
+        /// The order of the additions depends only on the block size, so every run gives the
+        /// same bits.
+        ///
+        /// # Safety
+        /// `g` is valid for `rows * cols` elements and `out` for `cols`; they do not overlap.
+        /// `blockDim.x` is a multiple of 32, at most 1024, and `blockDim.y = blockDim.z = 1`.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $sum_rows_by_column(g: *const $elem, out: *mut $elem, rows: u64, cols: u64) {
+            use crate::device::{block::BlockReduce, element::Element, index, unroll::strided_fold};
+            use core::arch::nvptx;
+            let mut reduce = BlockReduce::new();
+            // SAFETY: reading the special registers has no preconditions.
+            let (thread, threads) = unsafe { (nvptx::_thread_idx_x() as u64, nvptx::_block_dim_x() as u64) };
+            // Every thread of a block takes the same columns, so all reach each barrier together.
+            for c in index::GridStride::over_blocks(cols) {
+                let acc = strided_fold::<4, f32, f32>(
+                    thread,
+                    rows,
+                    threads,
+                    0.0,
+                    // SAFETY: r < rows and c < cols.
+                    |r| unsafe { g.add((r * cols + c) as usize).read() }.to_f32(),
+                    |acc, v| acc + v,
+                );
+                // SAFETY: every thread of the block calls it, once per column (see above).
+                let total = unsafe { reduce.sum(acc) };
+                if thread == 0 {
                     // SAFETY: c < cols.
                     unsafe { out.add(c as usize).write(<$elem>::from_f32(total)) };
                 }
@@ -174,6 +234,7 @@ reduction_family! {
         broadcast_scalar: broadcast_scalar_f32,
         add_row: add_row_f32,
         sum_rows: sum_rows_f32,
+        sum_rows_by_column: sum_rows_by_column_f32,
     }
 }
 
@@ -185,6 +246,7 @@ reduction_family! {
         broadcast_scalar: broadcast_scalar_f16,
         add_row: add_row_f16,
         sum_rows: sum_rows_f16,
+        sum_rows_by_column: sum_rows_by_column_f16,
     }
 }
 
@@ -196,5 +258,6 @@ reduction_family! {
         broadcast_scalar: broadcast_scalar_bf16,
         add_row: add_row_bf16,
         sum_rows: sum_rows_bf16,
+        sum_rows_by_column: sum_rows_by_column_bf16,
     }
 }

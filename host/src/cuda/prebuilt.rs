@@ -65,6 +65,7 @@ fn files(family: Family) -> &'static FamilyFiles {
     static SOFTMAX: FamilyFiles = family_files!("softmax");
     static LOSS: FamilyFiles = family_files!("loss");
     static TIMING: FamilyFiles = family_files!("timing");
+    static MATMUL: FamilyFiles = family_files!("matmul");
     match family {
         Family::Elementwise => &ELEMENTWISE,
         Family::Reduction => &REDUCTION,
@@ -73,6 +74,7 @@ fn files(family: Family) -> &'static FamilyFiles {
         Family::Softmax => &SOFTMAX,
         Family::Loss => &LOSS,
         Family::Timing => &TIMING,
+        Family::Matmul => &MATMUL,
     }
 }
 

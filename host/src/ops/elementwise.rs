@@ -226,3 +226,43 @@ impl ElementwiseOp<3, 2> for AddMulBackwardUniform {
         on.run(on.elementwise()?.add_mul_backward_uniform, (x, y, w, gxy, gw, self.g as f32, on.n))
     }
 }
+
+/// The backward of `(x + y) * w` with `x`'s and `y`'s gradients in tensors of their own: inputs
+/// `[g, x, y, w]`, outputs `[g * w, g * w, g * (x + y)]`.
+#[derive(Clone, Copy)]
+pub(crate) struct AddMulBackwardSplit;
+
+impl ElementwiseOp<4, 3> for AddMulBackwardSplit {
+    fn name(&self) -> &'static str {
+        "add_mul_backward_split"
+    }
+    #[inline(always)]
+    fn compute<A: Accumulator>(&self, [g, x, y, w]: [A; 4]) -> [A; 3] {
+        [g * w, g * w, g * (x + y)]
+    }
+    #[cfg(feature = "cuda")]
+    fn launch(&self, on: Launch, [g, x, y, w]: [&Tensor; 4], [gx, gy, gw]: [&Tensor; 3]) -> Result<()> {
+        on.run(on.elementwise()?.add_mul_backward_split, (g, x, y, w, gx, gy, gw, on.n))
+    }
+}
+
+/// [`AddMulBackwardSplit`] for a gradient that is `g` everywhere: inputs `[x, y, w]`.
+#[derive(Clone, Copy)]
+pub(crate) struct AddMulBackwardSplitUniform {
+    pub(crate) g: f64,
+}
+
+impl ElementwiseOp<3, 3> for AddMulBackwardSplitUniform {
+    fn name(&self) -> &'static str {
+        "add_mul_backward_split_uniform"
+    }
+    #[inline(always)]
+    fn compute<A: Accumulator>(&self, [x, y, w]: [A; 3]) -> [A; 3] {
+        let g = A::from_f64(self.g);
+        [g * w, g * w, g * (x + y)]
+    }
+    #[cfg(feature = "cuda")]
+    fn launch(&self, on: Launch, [x, y, w]: [&Tensor; 3], [gx, gy, gw]: [&Tensor; 3]) -> Result<()> {
+        on.run(on.elementwise()?.add_mul_backward_split_uniform, (x, y, w, gx, gy, gw, self.g as f32, on.n))
+    }
+}

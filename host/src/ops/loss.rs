@@ -2,7 +2,7 @@
 //! and the mean squared error. CPU and CUDA halves side by side.
 //!
 //! Both are means, returned as a one-element tensor of shape `[]` in the inputs' dtype. On CUDA
-//! the forward leaves f32 partials that one warp adds in a fixed order (the same bits every
+//! the forward leaves f32 partials that one block adds in a fixed order (the same bits every
 //! run), and the backward reads the upstream gradient on the device, so a training step never
 //! waits for the host.
 use super::check;
@@ -71,7 +71,7 @@ fn host_labels<'a>(op: &'static str, labels: &'a Labels) -> Result<&'a [u32]> {
 /// ([`Error::InvalidArgument`], checked on the host without reading device memory).
 ///
 /// On CUDA the log-softmax is fused in: one kernel reads each row once (one warp per row),
-/// then one warp averages the per-row losses.
+/// then one block averages the per-row losses.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
@@ -205,7 +205,7 @@ fn cross_entropy_backward_cpu(g: &Tensor, logits: &Tensor, labels: &[u32], class
 /// one shape, dtype and device; an empty pair has no mean ([`Error::InvalidArgument`]).
 ///
 /// On CUDA the differences are squared and summed in f32 in one pass (one f32 partial per warp),
-/// then one warp adds the partials.
+/// then one block adds the partials.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
@@ -285,7 +285,7 @@ pub fn mse_loss_backward(g: &Tensor, pred: &Tensor, target: &Tensor) -> Result<T
             launch(
                 &cuda_device("mse_loss_backward", pred)?,
                 table.mse_backward,
-                Some(packs),
+                packs,
                 &[
                     KernelArg::Input(g),
                     KernelArg::Input(pred),

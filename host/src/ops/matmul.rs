@@ -1,7 +1,11 @@
 //! Matrix products: `a [m, k] · b [k, n] → [m, n]`, or a batch of them,
 //! `a [B, m, k] · b [B, k, n] → [B, m, n]`, with either operand read transposed (no copy).
 //! The CPU half runs on `ndarray` (`general_mat_mul`), the CUDA half on cuBLAS
-//! (`cublasGemmStridedBatchedEx`); there is no hand-written GEMM.
+//! (`cublasGemmStridedBatchedEx`), except for small products: up to
+//! [`SMALL_PRODUCT_MACS`] multiply-adds, one of opsmith's `matmul` kernels computes each output as
+//! one dot product in a single launch. At that size a library GEMM is all launch latency, and
+//! for a long inner dimension it adds a second launch (its split-K reduction), which inside a
+//! CUDA graph is a node of its own.
 //!
 //! Arithmetic: f32, f16 and bf16 multiply and accumulate in f32 and round once to the output
 //! dtype; f64 in f64 (CPU only, like every op: CUDA has no f64 kernels, so a CUDA f64 matmul is
@@ -32,9 +36,10 @@ use std::ffi::c_void;
 /// must agree ([`Error::ShapeMismatch`] otherwise).
 ///
 /// f32, f16 and bf16 multiply and accumulate in f32 and round once to the dtype; f64 runs in f64
-/// on the CPU and is [`Error::UnsupportedDType`] on CUDA, like every other op. On CUDA (cuBLAS)
-/// f32 runs in full f32, without TF32, so CUDA and the CPU agree to within the f32 rounding of
-/// the sums, though not bit for bit (they add the products in different orders). `k = 0` gives
+/// on the CPU and is [`Error::UnsupportedDType`] on CUDA, like every other op. On CUDA (cuBLAS,
+/// or for a product of at most [`SMALL_PRODUCT_MACS`] multiply-adds opsmith's own kernel) f32
+/// runs in full f32, without TF32, so CUDA and the CPU agree to within the f32 rounding of the
+/// sums, though not bit for bit (they add the products in different orders). `k = 0` gives
 /// zeros (an empty sum), and an empty `m`, `n` or batch an empty tensor.
 ///
 /// ```
@@ -146,6 +151,17 @@ impl Product {
         if self.transpose_b { (self.n, self.k) } else { (self.k, self.n) }
     }
 
+    /// Whether it is small enough for opsmith's own kernels ([`SMALL_PRODUCT_MACS`]), and they
+    /// are not turned off (`OPSMITH_SMALL_MATMUL=0`, read once per process: for comparisons
+    /// with cuBLAS).
+    #[cfg(feature = "cuda")]
+    fn is_small(&self) -> bool {
+        static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let enabled = *ENABLED.get_or_init(|| std::env::var("OPSMITH_SMALL_MATMUL").map_or(true, |v| v.trim() != "0"));
+        let macs = (self.batch as u128) * (self.m as u128) * (self.k as u128) * (self.n as u128);
+        enabled && macs <= SMALL_PRODUCT_MACS as u128
+    }
+
     /// Whether the result has no elements or is all zeros (an empty sum): no library call.
     fn is_trivial(&self) -> bool {
         self.batch == 0 || self.m == 0 || self.n == 0 || self.k == 0
@@ -208,11 +224,51 @@ fn compute(p: &Product, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
             check::cpu_work("matmul")?;
             with_element_type!(a.dtype(), T => cpu::<T>(p, a, b, out))
         }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) if p.is_small() => small(p, a, b, out),
         #[cfg(feature = "cublas")]
         Device::Cuda(ordinal) => cuda(p, ordinal, a, b, out),
         #[cfg(not(feature = "cublas"))]
         device @ Device::Cuda(_) => Err(Error::FeatureDisabled { op: p.op, feature: "cublas", device }),
     }
+}
+
+/// Products of up to this many multiply-adds (`batch·m·k·n`) run on opsmith's own kernels on
+/// CUDA, larger ones on cuBLAS (all of them with `OPSMITH_SMALL_MATMUL=0` in the environment).
+/// A product that small is all launch latency: one launch instead of cuBLAS's GEMM and, for a
+/// long inner dimension, its split-K reduction. On the H200, train_mlp's replayed step took
+/// 39.4 µs with them and 57.5 µs with cuBLAS for every product (BENCHMARKS.md).
+pub const SMALL_PRODUCT_MACS: u64 = 1 << 20;
+
+/// Up to this inner dimension a small product takes one thread per output.
+#[cfg(feature = "cuda")]
+const THREAD_PER_OUTPUT_MAX_K: usize = 32;
+
+/// Up to this inner dimension (8 products a lane) a small product takes one warp per output,
+/// beyond it one block of [`DEFAULT_BLOCK`](crate::cuda::DEFAULT_BLOCK) threads.
+#[cfg(feature = "cuda")]
+const WARP_PER_OUTPUT_MAX_K: usize = 256;
+
+/// The CUDA half of a small product: one launch of a `matmul` kernel, the operands read in place
+/// through strides (a transposed operand's rows are its stored columns).
+#[cfg(feature = "cuda")]
+fn small(p: &Product, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+    use crate::cuda::{self, Grid};
+    use opsmith_kernels::names::matmul;
+    let table = super::cuda::dtype_table(p.op, a, [matmul::F32, matmul::F16, matmul::BF16])?;
+    let (m, k, n) = (p.m as u64, p.k as u64, p.n as u64);
+    // Element (i, kk) of a's matrix: stored [m, k] at i·k + kk, stored [k, m] at kk·m + i.
+    let (a_row, a_col) = if p.transpose_a { (1, m) } else { (k, 1) };
+    // Element (kk, j) of b's matrix: stored [k, n] at kk·n + j, stored [n, k] at j·k + kk.
+    let (b_row, b_col) = if p.transpose_b { (1, k) } else { (n, 1) };
+    let outputs = (p.batch * p.m * p.n) as u64;
+    let (kernel, threads_per_output) = match p.k {
+        k if k <= THREAD_PER_OUTPUT_MAX_K => (table.small_thread, 1),
+        k if k <= WARP_PER_OUTPUT_MAX_K => (table.small_warp, 32),
+        _ => (table.small_block, u64::from(cuda::DEFAULT_BLOCK)),
+    };
+    let args = (a, b, out, p.batch as u64, m, k, n, a_row, a_col, b_row, b_col);
+    cuda::launch(kernel, Grid::covering(outputs * threads_per_output), args)
 }
 
 /// The CPU half: each matrix of the batch through `general_mat_mul` in the arithmetic type

@@ -46,15 +46,19 @@ pub use activation::{
     silu_backward, silu_backward_into, silu_into,
 };
 pub use loss::{cross_entropy, cross_entropy_backward, mse_loss, mse_loss_backward};
-pub use matmul::{matmul, matmul_into, matmul_t, matmul_t_into};
+pub use matmul::{SMALL_PRODUCT_MACS, matmul, matmul_into, matmul_t, matmul_t_into};
 pub use optim::{
-    AdamCoefficients, AdamHyper, AdamProgress, AdamState, AdamStep, SgdStep, adam_step, adam_step_device, sgd_step,
+    AdamCoefficients, AdamHyper, AdamProgress, AdamState, AdamStep, AdamTensors, SgdStep, adam_step, adam_step_device,
+    adam_step_device_group, sgd_step,
 };
 pub use reduce::{add_row, expand_scalar, mean, sum, sum_rows};
 pub use softmax::{softmax, softmax_backward};
 
 use crate::{Result, Tensor};
-use elementwise::{Add, AddMul, AddMulBackward, AddMulBackwardUniform, Affine, FusedMulAdd, Mul, Sub, run, run_new};
+use elementwise::{
+    Add, AddMul, AddMulBackward, AddMulBackwardSplit, AddMulBackwardSplitUniform, AddMulBackwardUniform, Affine,
+    FusedMulAdd, Mul, Sub, run, run_new,
+};
 
 /// `a + b`, elementwise.
 ///
@@ -339,6 +343,97 @@ pub fn add_mul_backward_into(g: &Tensor, x: &Tensor, y: &Tensor, w: &Tensor, gxy
 pub fn add_mul_backward_uniform(g: f64, x: &Tensor, y: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
     let [gxy, gw] = run_new(AddMulBackwardUniform { g }, [x, y, w])?;
     Ok((gxy, gw))
+}
+
+/// The backward of `z = (x + y) * w` for distinct `x` and `y` that each need a gradient tensor of
+/// their own, in one pass: returns `(gx, gy, gw)` with `gx = gy = g * w` (two tensors, equal
+/// values) and `gw = g * (x + y)`. One more store per element than [`add_mul_backward`], where
+/// handing `x` and `y` separate gradients would otherwise take a copy.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let t = |v: Vec<f32>| Tensor::from_vec(v, [2], Device::Cpu);
+/// let (gx, gy, gw) = ops::add_mul_backward_split(&t(vec![1.0, 2.0])?, &t(vec![1.0, 2.0])?, &t(vec![3.0, 4.0])?, &t(vec![0.5, 2.0])?)?;
+/// assert_eq!((gx.to_vec::<f32>()?, gy.to_vec::<f32>()?), (vec![0.5, 4.0], vec![0.5, 4.0]));
+/// assert!(!gx.shares_storage(&gy));
+/// assert_eq!(gw.to_vec::<f32>()?, [4.0, 12.0]);
+/// # Ok(()) }
+/// ```
+pub fn add_mul_backward_split(g: &Tensor, x: &Tensor, y: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let [gx, gy, gw] = run_new(AddMulBackwardSplit, [g, x, y, w])?;
+    Ok((gx, gy, gw))
+}
+
+/// [`add_mul_backward_split`] for an upstream gradient that is the scalar `g` in every element
+/// (under a `sum` or `mean`): `(gx, gy, gw) = (g * w, g * w, g * (x + y))`, reading no gradient
+/// tensor.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let t = |v: Vec<f32>| Tensor::from_vec(v, [2], Device::Cpu);
+/// let (gx, gy, gw) = ops::add_mul_backward_split_uniform(2.0, &t(vec![1.0, 2.0])?, &t(vec![3.0, 4.0])?, &t(vec![0.5, 2.0])?)?;
+/// assert_eq!((gx.to_vec::<f32>()?, gy.to_vec::<f32>()?), (vec![1.0, 4.0], vec![1.0, 4.0]));
+/// assert_eq!(gw.to_vec::<f32>()?, [8.0, 12.0]);
+/// # Ok(()) }
+/// ```
+pub fn add_mul_backward_split_uniform(g: f64, x: &Tensor, y: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let [gx, gy, gw] = run_new(AddMulBackwardSplitUniform { g }, [x, y, w])?;
+    Ok((gx, gy, gw))
+}
+
+/// [`add_mul_backward_split`] into existing tensors `gx`, `gy` and `gw` (three distinct
+/// tensors; an output may be exactly an input).
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor, ops};
+/// let t = |v: Vec<f32>| Tensor::from_vec(v, [2], Device::Cpu);
+/// let (g, x, y, w) = (t(vec![1.0, 2.0])?, t(vec![1.0, 2.0])?, t(vec![3.0, 4.0])?, t(vec![0.5, 2.0])?);
+/// let out = || Tensor::zeros([2], DType::F32, Device::Cpu);
+/// let (gx, gy, gw) = (out()?, out()?, out()?);
+/// ops::add_mul_backward_split_into(&g, &x, &y, &w, &gx, &gy, &gw)?;
+/// assert_eq!((gx.to_vec::<f32>()?, gy.to_vec::<f32>()?), (vec![0.5, 4.0], vec![0.5, 4.0])); // g * w
+/// assert_eq!(gw.to_vec::<f32>()?, [4.0, 12.0]); // g * (x + y)
+/// # Ok(()) }
+/// ```
+pub fn add_mul_backward_split_into(
+    g: &Tensor,
+    x: &Tensor,
+    y: &Tensor,
+    w: &Tensor,
+    gx: &Tensor,
+    gy: &Tensor,
+    gw: &Tensor,
+) -> Result<()> {
+    run(AddMulBackwardSplit, [g, x, y, w], [gx, gy, gw])
+}
+
+/// [`add_mul_backward_split_uniform`] into existing tensors `gx`, `gy` and `gw`.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor, ops};
+/// let t = |v: Vec<f32>| Tensor::from_vec(v, [2], Device::Cpu);
+/// let (x, y, w) = (t(vec![1.0, 2.0])?, t(vec![3.0, 4.0])?, t(vec![0.5, 2.0])?);
+/// let out = || Tensor::zeros([2], DType::F32, Device::Cpu);
+/// let (gx, gy, gw) = (out()?, out()?, out()?);
+/// ops::add_mul_backward_split_uniform_into(-1.0, &x, &y, &w, &gx, &gy, &gw)?;
+/// assert_eq!((gx.to_vec::<f32>()?, gy.to_vec::<f32>()?), (vec![-0.5, -2.0], vec![-0.5, -2.0]));
+/// assert_eq!(gw.to_vec::<f32>()?, [-4.0, -6.0]);
+/// # Ok(()) }
+/// ```
+pub fn add_mul_backward_split_uniform_into(
+    g: f64,
+    x: &Tensor,
+    y: &Tensor,
+    w: &Tensor,
+    gx: &Tensor,
+    gy: &Tensor,
+    gw: &Tensor,
+) -> Result<()> {
+    run(AddMulBackwardSplitUniform { g }, [x, y, w], [gx, gy, gw])
 }
 
 /// [`add_mul_backward_uniform`] into existing tensors `gxy` and `gw`.

@@ -312,8 +312,9 @@ enum Place {
     /// In device memory: `progress` an f64 tensor of 4 elements ([`AdamProgress`] in field
     /// order), `coefficients` an f32 tensor of 8 ([`AdamCoefficients`] in field order).
     /// `advanced` says, without reading the device, whether `coefficients` was written yet.
+    /// `empty` is an f32 tensor of no elements, for the unused slots of a grouped step.
     #[cfg(feature = "cuda")]
-    Cuda { progress: Tensor, coefficients: Tensor, advanced: AtomicBool },
+    Cuda { progress: Tensor, coefficients: Tensor, advanced: AtomicBool, empty: Tensor },
 }
 
 #[derive(Debug)]
@@ -367,6 +368,7 @@ impl AdamState {
                     progress: Tensor::from_vec(progress.to_array().to_vec(), [4], device)?,
                     coefficients: Tensor::from_vec(NO_STEP.to_array().to_vec(), [8], device)?,
                     advanced: AtomicBool::new(false),
+                    empty: Tensor::empty([0], DType::F32, device)?,
                 }
             }
             #[cfg(not(feature = "cuda"))]
@@ -412,7 +414,7 @@ impl AdamState {
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            Place::Cuda { progress, coefficients, advanced } => {
+            Place::Cuda { progress, coefficients, advanced, .. } => {
                 launch_advance(progress, coefficients, hyper)?;
                 advanced.store(true, Ordering::Release);
                 Ok(())
@@ -574,4 +576,138 @@ pub fn adam_step_device(param: &Tensor, grad: &Tensor, m: &Tensor, v: &Tensor, s
             })
         }
     }
+}
+
+/// One parameter's operands in a grouped Adam step ([`adam_step_device_group`]): the parameter,
+/// its gradient and its two moments, all updated in place but the gradient.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamTensors<'a> {
+    /// The parameter, updated in place.
+    pub param: &'a Tensor,
+    /// Its gradient, read.
+    pub grad: &'a Tensor,
+    /// The first moment, updated in place.
+    pub m: &'a Tensor,
+    /// The second moment, updated in place.
+    pub v: &'a Tensor,
+}
+
+/// Parameters per launch of the grouped Adam kernel.
+#[cfg(feature = "cuda")]
+const GROUP_SLOTS: usize = 4;
+
+/// [`adam_step_device`] for several parameters at once, with the same results bit for bit. On
+/// CUDA each group of up to four parameters is one kernel launch instead of four, which is most
+/// of the update's cost for a model of small tensors (in a replayed CUDA graph, one node instead
+/// of four). The parameters may differ in shape; each one's tensors are checked as
+/// [`adam_step_device`] checks them, and no two parameters may share memory
+/// ([`Error::Overlap`]). Nothing runs unless every check passes.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::ops::{self, AdamHyper, AdamState, AdamTensors};
+/// use opsmith_host::{DType, Device, Tensor};
+/// let device = Device::cuda_if_available();
+/// let w = Tensor::from_vec(vec![1.0f32, -1.0, 0.5, 2.0], [2, 2], device)?;
+/// let b = Tensor::from_vec(vec![0.25f32], [1], device)?;
+/// let (gw, gb) = (Tensor::from_vec(vec![0.5f32, -3.0, 1.0, 0.0], [2, 2], device)?, Tensor::from_vec(vec![-1.0f32], [1], device)?);
+/// let zeros = |like: &Tensor| Tensor::zeros(like.dims(), DType::F32, device);
+/// let (mw, vw, mb, vb) = (zeros(&w)?, zeros(&w)?, zeros(&b)?, zeros(&b)?);
+/// let state = AdamState::new(0.125, device)?;
+/// state.advance(&AdamHyper { beta1: 0.9, beta2: 0.999, eps: 0.0, weight_decay: 0.0 })?;
+/// ops::adam_step_device_group(
+///     &[AdamTensors { param: &w, grad: &gw, m: &mw, v: &vw }, AdamTensors { param: &b, grad: &gb, m: &mb, v: &vb }],
+///     &state,
+/// )?;
+/// // The first step moves each parameter by lr against its gradient's sign (0 for a 0 gradient).
+/// let moved: Vec<f32> = w.to_vec::<f32>()?.iter().zip([1.0f32, -1.0, 0.5, 2.0]).map(|(a, b)| a - b).collect();
+/// assert!(moved.iter().zip([-0.125f32, 0.125, -0.125, 0.0]).all(|(a, b)| (a - b).abs() < 1e-6));
+/// assert!((b.to_vec::<f32>()?[0] - 0.375).abs() < 1e-6);
+/// # Ok(()) }
+/// ```
+pub fn adam_step_device_group(slots: &[AdamTensors<'_>], state: &AdamState) -> Result<()> {
+    let op = "adam_step_device_group";
+    for AdamTensors { param, grad, m, v } in slots {
+        check_operands(op, &[param, grad, m, v])?;
+        if param.device() != state.device {
+            return Err(Error::DeviceMismatch { op, lhs: param.device(), rhs: state.device });
+        }
+        check::elementwise(op, &[param, grad, m, v], &[param, m, v])?;
+    }
+    // Distinct parameters: what one slot writes overlaps nothing of another slot.
+    for (k, slot) in slots.iter().enumerate() {
+        for other in &slots[..k] {
+            let clash = |writer: &AdamTensors<'_>, reader: &AdamTensors<'_>| {
+                [writer.param, writer.m, writer.v]
+                    .iter()
+                    .any(|w| [reader.param, reader.grad, reader.m, reader.v].iter().any(|r| check::overlaps(w, r)))
+            };
+            if clash(slot, other) || clash(other, slot) {
+                return Err(Error::Overlap { op, output: k });
+            }
+        }
+    }
+    let not_advanced =
+        || Error::InvalidArgument { op, reason: "its AdamState has no step yet: call AdamState::advance first".into() };
+    match &state.place {
+        Place::Cpu(cpu) => {
+            let coefficients = cpu.lock().coefficients.ok_or_else(not_advanced)?;
+            slots
+                .iter()
+                .try_for_each(|s| run(Adam { op, coefficients }, [s.param, s.grad, s.m, s.v], [s.param, s.m, s.v]))
+        }
+        #[cfg(feature = "cuda")]
+        Place::Cuda { coefficients, advanced, empty, .. } => {
+            if !advanced.load(Ordering::Acquire) {
+                return Err(not_advanced());
+            }
+            for group in slots.chunks(GROUP_SLOTS) {
+                launch_group(op, group, coefficients, empty)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// One launch of `adam_device_group` over up to four checked f32 parameters; `empty` fills the
+/// unused slots.
+#[cfg(feature = "cuda")]
+fn launch_group(op: &'static str, group: &[AdamTensors<'_>], coefficients: &Tensor, empty: &Tensor) -> Result<()> {
+    let unused = AdamTensors { param: empty, grad: empty, m: empty, v: empty };
+    let slot = |k: usize| group.get(k).copied().unwrap_or(unused);
+    let [a, b, c, d] = [slot(0), slot(1), slot(2), slot(3)];
+    // One thread per 16-byte pack of all the parameters together: the kernel rotates the
+    // threads' ranks per slot, so each slot gets threads of its own.
+    let mut packs = 0u64;
+    for s in group {
+        packs += super::cuda::check_launch_len(op, s.param.elem_count(), DType::F32)?.div_ceil(4);
+    }
+    let len = |s: AdamTensors<'_>| s.param.elem_count() as u64;
+    crate::cuda::launch(
+        opsmith_kernels::names::optim::F32.adam_device_group,
+        crate::cuda::Grid::covering(packs.max(1)),
+        (
+            a.param,
+            a.grad,
+            a.m,
+            a.v,
+            len(a),
+            b.param,
+            b.grad,
+            b.m,
+            b.v,
+            len(b),
+            c.param,
+            c.grad,
+            c.m,
+            c.v,
+            len(c),
+            d.param,
+            d.grad,
+            d.m,
+            d.v,
+            len(d),
+            coefficients,
+        ),
+    )
 }

@@ -27,13 +27,10 @@ pub(super) fn cuda_device(op: &'static str, t: &Tensor) -> Result<CudaDevice> {
 
 #[cfg(feature = "cuda")]
 /// Launches one of opsmith's own kernels through the checked path, grid-stride over
-/// `work_items`, or as one warp when `work_items` is `None`.
-pub(super) fn launch(device: &CudaDevice, name: &str, work_items: Option<u64>, args: &[KernelArg<'_>]) -> Result<()> {
+/// `work_items`.
+pub(super) fn launch(device: &CudaDevice, name: &str, work_items: u64, args: &[KernelArg<'_>]) -> Result<()> {
     let kernel = device.kernel(name)?;
-    let cfg = match work_items {
-        Some(n) => LaunchConfig::grid_stride(&kernel, n, DEFAULT_BLOCK)?,
-        None => LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 },
-    };
+    let cfg = LaunchConfig::grid_stride(&kernel, work_items, DEFAULT_BLOCK)?;
     // SAFETY: each caller passes the arguments its kernel declares in `kernels-gpu/src/`, with
     // tensors checked to hold the element counts the kernel indexes.
     unsafe { kernel.launch(&device.current_stream(), cfg, args) }
@@ -44,21 +41,40 @@ pub(super) fn launch(device: &CudaDevice, name: &str, work_items: Option<u64>, a
 const SUM_ROWS_BLOCK: u32 = 1024;
 
 #[cfg(feature = "cuda")]
+/// Whether `sum_rows` over `[rows, cols]` takes a block per column: when the tiles of 32
+/// columns would leave most of the SMs idle and the matrix is small (a block per column reads
+/// each warp's 32 rows from 32 lines, which a large matrix would pay for in L2 traffic). A
+/// function of the shape and the device only, so a given sum adds in one order every run.
+fn by_column(device: &CudaDevice, rows: usize, cols: usize) -> bool {
+    let tiles = cols.div_ceil(32);
+    tiles < device.sm_count() as usize / 2 && rows.saturating_mul(cols) <= 1 << 20
+}
+
+#[cfg(feature = "cuda")]
 /// `out[0] = scale * (partials[0] + … + partials[count - 1])` on CUDA, rounded to `out`'s dtype:
-/// the last launch of every whole-tensor reduction.
+/// the last launch of every whole-tensor reduction, one block of up to 1024 threads.
 pub(super) fn finish_sum(op: &'static str, partials: &Tensor, count: usize, scale: f64, out: &Tensor) -> Result<()> {
     let device = cuda_device(op, out)?;
-    launch(
-        &device,
-        table(op, out)?.sum_finish,
-        None,
-        &[
-            KernelArg::Input(partials),
-            KernelArg::Output(out),
-            KernelArg::U64(count as u64),
-            KernelArg::F32(scale as f32),
-        ],
-    )
+    let kernel = device.kernel(table(op, out)?.sum_finish)?;
+    let cfg = LaunchConfig { grid: 1, block: finish_block(count), shared_mem_bytes: 0 };
+    let args = [
+        KernelArg::Input(partials),
+        KernelArg::Output(out),
+        KernelArg::U64(count as u64),
+        KernelArg::F32(scale as f32),
+    ];
+    // SAFETY: `sum_finish` takes (partials, out, count, scale); `partials` holds `count` f32
+    // values and `out` one element (the callers' shapes), and the launch is one block whose size
+    // is a multiple of 32 up to 1024, as the kernel requires.
+    unsafe { kernel.launch(&device.current_stream(), cfg, &args) }
+}
+
+#[cfg(feature = "cuda")]
+/// The block of `sum_finish` over `count` partials: one thread per partial, in whole warps,
+/// up to 1024 threads. A function of `count` only, so a given sum adds in the same order on
+/// every run.
+fn finish_block(count: usize) -> u32 {
+    count.clamp(1, 1024).next_multiple_of(32) as u32
 }
 
 #[cfg(feature = "cuda")]
@@ -93,7 +109,7 @@ fn reduce_all(op: &'static str, x: &Tensor, scale: f64) -> Result<Tensor> {
         }
         // A small f32 tensor is already what the second pass adds up: one launch, not two.
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) if x.dtype() == DType::F32 && x.elem_count() <= ONE_WARP_SUM_MAX => {
+        Device::Cuda(_) if x.dtype() == DType::F32 && x.elem_count() <= ONE_BLOCK_SUM_MAX => {
             let out = Tensor::empty(Shape::from(Vec::new()), x.dtype(), x.device())?;
             finish_sum(op, x, x.elem_count(), scale, &out)?;
             Ok(out)
@@ -106,9 +122,9 @@ fn reduce_all(op: &'static str, x: &Tensor, scale: f64) -> Result<Tensor> {
 }
 
 #[cfg(feature = "cuda")]
-/// Up to this many f32 elements a whole-tensor sum on CUDA is one warp's work (128 values a
-/// lane): one launch instead of two, which is most of its cost at that size.
-const ONE_WARP_SUM_MAX: usize = 4096;
+/// Up to this many f32 elements a whole-tensor sum on CUDA is one block's work (16 values a
+/// thread): one launch instead of two, which is most of its cost at that size.
+const ONE_BLOCK_SUM_MAX: usize = 16384;
 
 /// The sum of all elements, as a tensor of shape `[]` (one element) of the same dtype.
 ///
@@ -178,7 +194,7 @@ pub fn expand_scalar(g: &Tensor, shape: impl Into<Shape>, scale: f64) -> Result<
                 launch(
                     &device,
                     kernels.broadcast_scalar,
-                    Some(n),
+                    n,
                     &[KernelArg::Input(g), KernelArg::Output(&out), KernelArg::F32(scale as f32), KernelArg::U64(n)],
                 )?;
             }
@@ -239,7 +255,7 @@ pub fn add_row(x: &Tensor, b: &Tensor) -> Result<Tensor> {
                 launch(
                     &device,
                     kernels.add_row,
-                    Some(n),
+                    n,
                     &[
                         KernelArg::Input(x),
                         KernelArg::Input(b),
@@ -284,12 +300,19 @@ pub fn sum_rows(g: &Tensor) -> Result<Tensor> {
             let device = cuda_device("sum_rows", g)?;
             let out = Tensor::empty(Shape::from(cols), g.dtype(), g.device())?;
             if cols > 0 {
-                // A block of 32 warps per tile of 32 columns (as many tiles as the grid can
-                // hold at once): the warps split the rows, so a few columns still keep a
-                // block's worth of loads in flight.
-                let kernel = device.kernel(kernels.sum_rows)?;
-                let tiles = (cols as u64).div_ceil(32);
-                let cfg = LaunchConfig::grid_stride(&kernel, tiles * SUM_ROWS_BLOCK as u64, SUM_ROWS_BLOCK)?;
+                let (kernel, cfg) = if by_column(&device, rows, cols) {
+                    // A block per column: the few columns' rows spread over many SMs.
+                    let kernel = device.kernel(kernels.sum_rows_by_column)?;
+                    let cfg = LaunchConfig::grid_stride(&kernel, cols as u64 * DEFAULT_BLOCK as u64, DEFAULT_BLOCK)?;
+                    (kernel, cfg)
+                } else {
+                    // A block of 32 warps per tile of 32 columns (as many tiles as the grid can
+                    // hold at once): the warps split the rows, and every load is coalesced.
+                    let kernel = device.kernel(kernels.sum_rows)?;
+                    let tiles = (cols as u64).div_ceil(32);
+                    let cfg = LaunchConfig::grid_stride(&kernel, tiles * SUM_ROWS_BLOCK as u64, SUM_ROWS_BLOCK)?;
+                    (kernel, cfg)
+                };
                 let args = [
                     KernelArg::Input(g),
                     KernelArg::Output(&out),

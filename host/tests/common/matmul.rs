@@ -48,9 +48,21 @@ impl Dims {
     }
 }
 
-/// 1×1×1, a few odd sizes (none a multiple of 8), a k of 1, and a batch.
-pub const SHAPES: [Dims; 5] =
-    [Dims::new(1, 1, 1), Dims::new(3, 5, 7), Dims::new(17, 1, 9), Dims::new(64, 33, 65), Dims::batched(4, 5, 6, 3)];
+/// 1×1×1, a few odd sizes (none a multiple of 8), a k of 1, and batches. On CUDA the products
+/// up to `ops::SMALL_PRODUCT_MACS` multiply-adds take opsmith's own kernels, one thread per
+/// output for k ≤ 32, one warp per output up to k = 256 (k = 33 and 100 here), one block
+/// beyond (k = 1029, with a tail of 5 past the last whole batch of loads), and the last shape
+/// (just over 2^20) takes cuBLAS.
+pub const SHAPES: [Dims; 8] = [
+    Dims::new(1, 1, 1),
+    Dims::new(3, 5, 7),
+    Dims::new(17, 1, 9),
+    Dims::new(64, 33, 65),
+    Dims::batched(4, 5, 6, 3),
+    Dims::batched(3, 9, 100, 7),
+    Dims::batched(2, 3, 1029, 5),
+    Dims::new(130, 70, 120),
+];
 
 /// Element offsets of the operands' views: 0 keeps allocations' alignment, 1 and 3 break 16-byte
 /// (and for f16/bf16, 4-byte) alignment.

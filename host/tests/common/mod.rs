@@ -42,10 +42,14 @@ pub enum Op {
     AddMulBackward,
     /// `add_mul`'s backward for a gradient of `UNIFORM_G` everywhere.
     AddMulBackwardUniform,
+    /// `add_mul`'s backward with `x`'s and `y`'s gradients in two tensors.
+    AddMulBackwardSplit,
+    /// The same for a gradient of `UNIFORM_G` everywhere.
+    AddMulBackwardSplitUniform,
 }
 
 impl Op {
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 10] = [
         Op::Add,
         Op::Sub,
         Op::Mul,
@@ -54,6 +58,8 @@ impl Op {
         Op::AddMul,
         Op::AddMulBackward,
         Op::AddMulBackwardUniform,
+        Op::AddMulBackwardSplit,
+        Op::AddMulBackwardSplitUniform,
     ];
 
     pub fn arity(self) -> (usize, usize) {
@@ -63,6 +69,8 @@ impl Op {
             Op::FusedMulAdd | Op::AddMul => (3, 1),
             Op::AddMulBackward => (4, 2),
             Op::AddMulBackwardUniform => (3, 2),
+            Op::AddMulBackwardSplit => (4, 3),
+            Op::AddMulBackwardSplitUniform => (3, 3),
         }
     }
 
@@ -77,6 +85,8 @@ impl Op {
             Op::AddMul => vec![(x[0] + x[1]) * x[2]],
             Op::AddMulBackward => vec![x[0] * x[3], x[0] * (x[1] + x[2])],
             Op::AddMulBackwardUniform => vec![UNIFORM_G * x[2], UNIFORM_G * (x[0] + x[1])],
+            Op::AddMulBackwardSplit => vec![x[0] * x[3], x[0] * x[3], x[0] * (x[1] + x[2])],
+            Op::AddMulBackwardSplitUniform => vec![UNIFORM_G * x[2], UNIFORM_G * x[2], UNIFORM_G * (x[0] + x[1])],
         }
     }
 
@@ -87,7 +97,14 @@ impl Op {
         let u = DType::F32.unit_roundoff();
         let arith = match (self, dtype) {
             (_, DType::F64) => 4.0 * DType::F64.unit_roundoff(),
-            (Op::AddMul | Op::AddMulBackward | Op::AddMulBackwardUniform, _) => 2.01 * u,
+            (
+                Op::AddMul
+                | Op::AddMulBackward
+                | Op::AddMulBackwardUniform
+                | Op::AddMulBackwardSplit
+                | Op::AddMulBackwardSplitUniform,
+                _,
+            ) => 2.01 * u,
             _ => 1.01 * u,
         };
         arith * scale + store_roundoff(dtype) * r.abs() * 1.01 + store_floor(dtype)
@@ -106,6 +123,10 @@ impl Op {
             (Op::AddMulBackward, _) => x[0].abs() * (x[1].abs() + x[2].abs()),
             (Op::AddMulBackwardUniform, 0) => (UNIFORM_G * x[2]).abs(),
             (Op::AddMulBackwardUniform, _) => UNIFORM_G.abs() * (x[0].abs() + x[1].abs()),
+            (Op::AddMulBackwardSplit, 0 | 1) => (x[0] * x[3]).abs(),
+            (Op::AddMulBackwardSplit, _) => x[0].abs() * (x[1].abs() + x[2].abs()),
+            (Op::AddMulBackwardSplitUniform, 0 | 1) => (UNIFORM_G * x[2]).abs(),
+            (Op::AddMulBackwardSplitUniform, _) => UNIFORM_G.abs() * (x[0].abs() + x[1].abs()),
         }
     }
 
@@ -120,6 +141,12 @@ impl Op {
             Op::AddMulBackward => ops::add_mul_backward_into(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1]),
             Op::AddMulBackwardUniform => {
                 ops::add_mul_backward_uniform_into(UNIFORM_G, ins[0], ins[1], ins[2], outs[0], outs[1])
+            }
+            Op::AddMulBackwardSplit => {
+                ops::add_mul_backward_split_into(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1], outs[2])
+            }
+            Op::AddMulBackwardSplitUniform => {
+                ops::add_mul_backward_split_uniform_into(UNIFORM_G, ins[0], ins[1], ins[2], outs[0], outs[1], outs[2])
             }
         }
     }
@@ -139,6 +166,14 @@ impl Op {
             Op::AddMulBackwardUniform => {
                 let (a, b) = ops::add_mul_backward_uniform(UNIFORM_G, ins[0], ins[1], ins[2])?;
                 vec![a, b]
+            }
+            Op::AddMulBackwardSplit => {
+                let (a, b, c) = ops::add_mul_backward_split(ins[0], ins[1], ins[2], ins[3])?;
+                vec![a, b, c]
+            }
+            Op::AddMulBackwardSplitUniform => {
+                let (a, b, c) = ops::add_mul_backward_split_uniform(UNIFORM_G, ins[0], ins[1], ins[2])?;
+                vec![a, b, c]
             }
         })
     }
@@ -443,25 +478,36 @@ pub fn reductions_against_f64(device: Device) -> Result<()> {
         let g = tensor(&[2.5], dtype, device)?;
         let e = values(&ops::expand_scalar(&g, [3, 5], 0.25)?)?;
         assert_eq!(e, vec![0.625; 15], "expand_scalar {dtype} on {device}");
-        // add_row and sum_rows on a matrix with an odd column count.
+        // add_row and sum_rows on matrices with odd column counts. On CUDA, sum_rows takes a
+        // block per column for the first two (few columns, a tail of rows past the last batch
+        // of loads) and a block per tile of 32 columns for the third (over 2^20 elements).
+        for (rows, cols) in [(37, 133), (1029, 2), (300, 4099)] {
+            let x = random_values(&mut rng, rows * cols, dtype);
+            let b = random_values(&mut rng, cols, dtype);
+            let xt = tensor(&x, dtype, device)?.reshape([rows, cols])?;
+            let bt = tensor(&b, dtype, device)?;
+            let y = values(&ops::add_row(&xt, &bt)?)?;
+            for i in 0..rows * cols {
+                let r = x[i] + b[i % cols];
+                let tol = Op::Add.tolerance(dtype, r, x[i].abs() + b[i % cols].abs());
+                assert!((y[i] - r).abs() <= tol, "add_row {dtype} on {device} at {i}: {} vs {r}", y[i]);
+            }
+            let sr = values(&ops::sum_rows(&xt)?)?;
+            for c in 0..cols {
+                let exact: f64 = (0..rows).map(|r| x[r * cols + c]).sum();
+                let abs: f64 = (0..rows).map(|r| x[r * cols + c].abs()).sum();
+                let tol = rows as f64 * DType::F32.unit_roundoff() * abs + u * exact.abs() * 1.01;
+                assert!(
+                    (sr[c] - exact).abs() <= tol,
+                    "sum_rows {dtype} [{rows}, {cols}] on {device} col {c}: {} vs {exact}",
+                    sr[c]
+                );
+            }
+        }
         let (rows, cols) = (37, 133);
-        let x = random_values(&mut rng, rows * cols, dtype);
         let b = random_values(&mut rng, cols, dtype);
-        let xt = tensor(&x, dtype, device)?.reshape([rows, cols])?;
+        let xt = tensor(&random_values(&mut rng, rows * cols, dtype), dtype, device)?.reshape([rows, cols])?;
         let bt = tensor(&b, dtype, device)?;
-        let y = values(&ops::add_row(&xt, &bt)?)?;
-        for i in 0..rows * cols {
-            let r = x[i] + b[i % cols];
-            let tol = Op::Add.tolerance(dtype, r, x[i].abs() + b[i % cols].abs());
-            assert!((y[i] - r).abs() <= tol, "add_row {dtype} on {device} at {i}: {} vs {r}", y[i]);
-        }
-        let sr = values(&ops::sum_rows(&xt)?)?;
-        for c in 0..cols {
-            let exact: f64 = (0..rows).map(|r| x[r * cols + c]).sum();
-            let abs: f64 = (0..rows).map(|r| x[r * cols + c].abs()).sum();
-            let tol = rows as f64 * DType::F32.unit_roundoff() * abs + u * exact.abs() * 1.01;
-            assert!((sr[c] - exact).abs() <= tol, "sum_rows {dtype} on {device} col {c}: {} vs {exact}", sr[c]);
-        }
         // Shape errors.
         assert!(matches!(
             ops::add_row(&xt, &tensor(&b[..cols - 1], dtype, device)?),
@@ -501,6 +547,14 @@ macro_rules! shared_cases {
         #[test]
         fn add_mul_backward_uniform_against_f64() -> opsmith_host::Result<()> {
             common::op_against_f64($device, common::Op::AddMulBackwardUniform)
+        }
+        #[test]
+        fn add_mul_backward_split_against_f64() -> opsmith_host::Result<()> {
+            common::op_against_f64($device, common::Op::AddMulBackwardSplit)
+        }
+        #[test]
+        fn add_mul_backward_split_uniform_against_f64() -> opsmith_host::Result<()> {
+            common::op_against_f64($device, common::Op::AddMulBackwardSplitUniform)
         }
         #[test]
         fn sub_against_f64() -> opsmith_host::Result<()> {

@@ -400,6 +400,89 @@ pub fn adam_state_errors(device: Device) -> Result<()> {
     Ok(())
 }
 
+/// [`ops::adam_step_device_group`] over 1, 4, 5 and 9 parameters of different sizes (one or
+/// more groups of four, some slots unused, an empty parameter among them) gives, step after step,
+/// the same bits as [`ops::adam_step_device`] on each parameter, which
+/// [`adam_device_against_f64`] checks against f64. Then its errors: parameters that share
+/// memory, a parameter on another state's device; nothing is written.
+pub fn adam_group_matches_single(device: Device) -> Result<()> {
+    use ops::AdamTensors;
+    let op = "adam_step_device_group";
+    let mut rng = StdRng::seed_from_u64(74);
+    let dtypes: &[DType] = if device.is_cuda() { &[DType::F32] } else { &[DType::F32, DType::F64] };
+    let sizes = [1029usize, 7, 0, 64, 1, 300, 5, 33, 2];
+    let case = ADAM_CASES[1];
+    for &dtype in dtypes {
+        for count in [1usize, 4, 5, 9] {
+            let context = format!("{op} of {count} parameters, {dtype} on {device}");
+            // Each parameter's [p, m, v] twice: one set for the grouped step, one for the single.
+            let make = |values: &[f64]| tensor(values, dtype, device);
+            let mut sets: Vec<[[Tensor; 3]; 2]> = Vec::new();
+            for &n in &sizes[..count] {
+                let p = random_values(&mut rng, n, dtype);
+                let zeros = vec![0.0; n];
+                sets.push([[make(&p)?, make(&zeros)?, make(&zeros)?], [make(&p)?, make(&zeros)?, make(&zeros)?]]);
+            }
+            let (grouped, single) = (AdamState::new(case.lr, device)?, AdamState::new(case.lr, device)?);
+            for t in 1..=STEPS {
+                grouped.advance(&hyper(&case))?;
+                single.advance(&hyper(&case))?;
+                let grads: Vec<Tensor> =
+                    sizes[..count].iter().map(|&n| make(&random_values(&mut rng, n, dtype))).collect::<Result<_>>()?;
+                let slots: Vec<AdamTensors<'_>> = sets
+                    .iter()
+                    .zip(&grads)
+                    .map(|([[p, m, v], _], grad)| AdamTensors { param: p, grad, m, v })
+                    .collect();
+                ops::adam_step_device_group(&slots, &grouped)?;
+                for ([_, [p, m, v]], grad) in sets.iter().zip(&grads) {
+                    ops::adam_step_device(p, grad, m, v, &single)?;
+                }
+                for (k, [a, b]) in sets.iter().enumerate() {
+                    for (name, x, y) in [("param", &a[0], &b[0]), ("m", &a[1], &b[1]), ("v", &a[2], &b[2])] {
+                        let bits =
+                            |t: &Tensor| -> Result<Vec<u64>> { Ok(values(t)?.iter().map(|v| v.to_bits()).collect()) };
+                        assert_eq!(bits(x)?, bits(y)?, "{context}: step {t}, parameter {k}'s {name}");
+                    }
+                }
+            }
+            assert_eq!(grouped.step()?, STEPS, "{context}");
+        }
+    }
+
+    // Errors: nothing written.
+    let t = |v: &[f64]| tensor(v, DType::F32, device);
+    let state = AdamState::new(0.1, device)?;
+    let (p, q) = (t(&[1.0, 2.0])?, t(&[3.0, 4.0])?);
+    let (g, m, v, m2, v2) = (t(&[0.5; 2])?, t(&[0.0; 2])?, t(&[0.0; 2])?, t(&[0.0; 2])?, t(&[0.0; 2])?);
+    let before = AdamTensors { param: &p, grad: &g, m: &m, v: &v };
+    match ops::adam_step_device_group(&[before], &state) {
+        Err(Error::InvalidArgument { op: "adam_step_device_group", .. }) => {}
+        other => panic!("before advance: expected InvalidArgument, got {other:?}"),
+    }
+    state.advance(&AdamHyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 })?;
+    // The second parameter's first moment is the first one's second moment.
+    let shared = [before, AdamTensors { param: &q, grad: &g, m: &v, v: &v2 }];
+    match ops::adam_step_device_group(&shared, &state) {
+        Err(Error::Overlap { op: "adam_step_device_group", output: 1 }) => {}
+        other => panic!("shared moments: expected Overlap, got {other:?}"),
+    }
+    // A parameter that is another's gradient.
+    let crossed = [before, AdamTensors { param: &g, grad: &q, m: &m2, v: &v2 }];
+    assert!(matches!(ops::adam_step_device_group(&crossed, &state), Err(Error::Overlap { output: 1, .. })));
+    let other = if device.is_cuda() { Device::Cpu } else { Device::cuda_if_available() };
+    if other != device {
+        let elsewhere = Tensor::from_vec(vec![1.0f32, 2.0], [2], other)?;
+        let err = ops::adam_step_device_group(&[AdamTensors { param: &elsewhere, ..before }], &state).unwrap_err();
+        assert!(matches!(err, Error::DeviceMismatch { op: "adam_step_device_group", .. }), "{err}");
+    }
+    assert_eq!((values(&p)?, values(&q)?), (vec![1.0, 2.0], vec![3.0, 4.0]), "nothing written");
+    assert_eq!((values(&m)?, values(&v)?, values(&m2)?), (vec![0.0; 2], vec![0.0; 2], vec![0.0; 2]));
+    // An empty group is a step of nothing.
+    ops::adam_step_device_group(&[], &state)?;
+    Ok(())
+}
+
 /// Bad hyperparameters and operands: typed errors naming the op, and no tensor changed.
 pub fn optimizer_errors(device: Device) -> Result<()> {
     let t = |v: &[f64], dtype: DType| tensor(v, dtype, device);
@@ -501,6 +584,10 @@ macro_rules! optim_cases {
         #[test]
         fn adam_state_errors() -> opsmith_host::Result<()> {
             common::optim::adam_state_errors($device)
+        }
+        #[test]
+        fn adam_group_matches_single() -> opsmith_host::Result<()> {
+            common::optim::adam_group_matches_single($device)
         }
     };
 }

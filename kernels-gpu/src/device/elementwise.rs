@@ -1,6 +1,6 @@
 //! The streaming driver behind every elementwise kernel.
 use super::element::Element;
-use super::index::{GridStride, global_thread_index, grid_thread_count};
+use super::index::{global_thread_index, grid_thread_count};
 use super::memory::{Pack, is_pack_aligned, load_pack, store_pack};
 
 /// Streams `I` inputs to `O` outputs of `n` elements each: `outs[k][i] = f(ins[..][i])[k]`.
@@ -23,12 +23,33 @@ pub unsafe fn map_elementwise<T: Element, const I: usize, const O: usize>(
     n: u64,
     f: impl Fn([f32; I]) -> [f32; O],
 ) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { map_elementwise_as(global_thread_index(), grid_thread_count(), ins, outs, n, f) }
+}
+
+/// [`map_elementwise`] with the calling thread taking the part of thread `rank` of `threads`
+/// (`rank < threads`, every rank taken by exactly one thread of the grid): a kernel that streams
+/// several arrays one after another can rotate the ranks per array, so that each thread's first
+/// packs lie in different arrays and the arrays are read in parallel, not in turn.
+///
+/// # Safety
+/// As for [`map_elementwise`]; besides, the threads of the grid take the ranks `0..threads`
+/// once each.
+#[inline(always)]
+pub unsafe fn map_elementwise_as<T: Element, const I: usize, const O: usize>(
+    rank: u64,
+    threads: u64,
+    ins: [*const T; I],
+    outs: [*mut T; O],
+    n: u64,
+    f: impl Fn([f32; I]) -> [f32; O],
+) {
     let all_aligned = ins.iter().all(|&p| is_pack_aligned(p)) && outs.iter().all(|&p| is_pack_aligned(p as *const T));
     let mut scalar_from = 0;
     if all_aligned && I > 0 {
         let packs = n / T::LANES as u64;
-        let step = grid_thread_count();
-        let mut p = global_thread_index();
+        let step = threads;
+        let mut p = rank;
         while p + step < packs {
             // SAFETY: packs p and p + step lie inside the first `packs * LANES <= n` elements,
             // all pointers are 16-byte aligned (checked above), and the caller guarantees validity.
@@ -46,7 +67,8 @@ pub unsafe fn map_elementwise<T: Element, const I: usize, const O: usize>(
         }
         scalar_from = packs * T::LANES as u64;
     }
-    for i in GridStride::over(scalar_from, n) {
+    let mut i = scalar_from + rank;
+    while i < n {
         // SAFETY: `i < n`, and the caller guarantees every pointer is valid for `n` elements.
         let x: [f32; I] = core::array::from_fn(|k| unsafe { ins[k].add(i as usize).read() }.to_f32());
         let r = f(x);
@@ -54,6 +76,7 @@ pub unsafe fn map_elementwise<T: Element, const I: usize, const O: usize>(
             // SAFETY: as above.
             unsafe { outs[k].add(i as usize).write(T::from_f32(r[k])) };
         }
+        i += threads;
     }
 }
 

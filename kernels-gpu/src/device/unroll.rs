@@ -68,3 +68,40 @@ where
     unroll::<N>(|i| acc = f(acc, i));
     acc
 }
+
+/// `combine` folded, in order, over `load(i)` for the indices `i = start, start + step, …`
+/// below `end`, with `N` loads in flight: each batch issues its `N` loads before it combines
+/// any of them.
+///
+/// A plain loop that loads one value and adds it waits a whole memory latency every turn: the
+/// add needs the value, and the next load comes after the add in program order. A batch waits
+/// about once. The values are combined in the same order as by the plain loop, so the result is
+/// the same bit for bit; only the loads move.
+#[inline(always)]
+pub fn strided_fold<const N: usize, T: Copy + Default, A: Copy>(
+    start: u64,
+    end: u64,
+    step: u64,
+    init: A,
+    mut load: impl FnMut(u64) -> T,
+    mut combine: impl FnMut(A, T) -> A,
+) -> A
+where
+    Count<N>: Unrolled,
+{
+    let mut acc = init;
+    let mut i = start;
+    let span = (N as u64 - 1) * step;
+    // Whole batches while the batch's last index is in range (`end - span` cannot wrap there).
+    while end > span && i < end - span {
+        let mut values = [T::default(); N];
+        unroll::<N>(|j| values[j] = load(i + j as u64 * step));
+        unroll::<N>(|j| acc = combine(acc, values[j]));
+        i += N as u64 * step;
+    }
+    while i < end {
+        acc = combine(acc, load(i));
+        i += step;
+    }
+    acc
+}
