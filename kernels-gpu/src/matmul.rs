@@ -18,9 +18,9 @@
 //!
 //! Every thread keeps several loads in flight ([`strided_fold`](crate::device::unroll)): a small
 //! product is bound by memory latency, not by bandwidth or arithmetic.
+use crate::names::MatmulKernels;
 #[cfg(target_arch = "nvptx64")]
 use core::num::NonZeroU64;
-use crate::names::MatmulKernels;
 
 macro_rules! matmul_family {
     (
