@@ -614,12 +614,13 @@ const GROUP_SLOTS: usize = 4;
 /// let zeros = |like: &Tensor| Tensor::zeros(like.dims(), DType::F32, device);
 /// let (mw, vw, mb, vb) = (zeros(&w)?, zeros(&w)?, zeros(&b)?, zeros(&b)?);
 /// let state = AdamState::new(0.125, device)?;
-/// state.advance(&AdamHyper { beta1: 0.9, beta2: 0.999, eps: 0.0, weight_decay: 0.0 })?;
+/// state.advance(&AdamHyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 })?;
 /// ops::adam_step_device_group(
 ///     &[AdamTensors { param: &w, grad: &gw, m: &mw, v: &vw }, AdamTensors { param: &b, grad: &gb, m: &mb, v: &vb }],
 ///     &state,
 /// )?;
-/// // The first step moves each parameter by lr against its gradient's sign (0 for a 0 gradient).
+/// // The first step moves each parameter by about lr against its gradient's sign (a zero
+/// // gradient: not at all, as ε keeps 0 / 0 away).
 /// let moved: Vec<f32> = w.to_vec::<f32>()?.iter().zip([1.0f32, -1.0, 0.5, 2.0]).map(|(a, b)| a - b).collect();
 /// assert!(moved.iter().zip([-0.125f32, 0.125, -0.125, 0.0]).all(|(a, b)| (a - b).abs() < 1e-6));
 /// assert!((b.to_vec::<f32>()?[0] - 0.375).abs() < 1e-6);
