@@ -60,14 +60,17 @@ fn main() {
     println!("cuBLAS: not compiled in (the `cublas` feature is off): matmul runs on the CPU only");
     #[cfg(feature = "cublas")]
     match cuda::require_cublas("matmul") {
-        Ok(()) => println!("cuBLAS: loads (matmul on CUDA is available)"),
+        Ok(()) => println!("cuBLAS: loads (every matmul on CUDA is available)"),
         Err(opsmith::Error::LibraryMissing { lib, fix, .. }) => {
             println!("cuBLAS: not found ({lib} could not be loaded)");
             if cuda::driver_available() {
-                problems.push(("cuBLAS is missing: matmul on CUDA fails; everything else works".into(), fix));
+                problems.push((
+                    "cuBLAS is missing: matmul on CUDA fails beyond small products; everything else works".into(),
+                    fix,
+                ));
             } else {
                 // Not a problem without a GPU, but say how to fix it for when there is one.
-                println!("    (needed only for matmul on CUDA; fix: {fix})");
+                println!("    (needed only for matmul on CUDA beyond small products; fix: {fix})");
             }
         }
         Err(e) => problems.push((format!("checking for cuBLAS failed: {e}"), "report this as a bug".into())),

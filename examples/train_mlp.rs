@@ -9,8 +9,8 @@
 //! ```
 //!
 //! Everything runs through the tape: `Mlp::forward` (GEMM + bias row + ReLU), a fused
-//! log-softmax cross-entropy, backward, and one fused Adam kernel per parameter. With `--graph`,
-//! the first step runs eagerly (it loads the kernels), the second is captured as a CUDA graph,
+//! log-softmax cross-entropy, backward, and one fused Adam kernel for the four parameters. With
+//! `--graph`, the first step runs eagerly (it loads the kernels), the second is captured as a CUDA graph,
 //! and every later step is one replay of it: the same kernels on the same memory, with Adam's
 //! step count and learning rate read from device memory, so the result is the eager one, bit
 //! for bit.
