@@ -5,7 +5,7 @@
 //! * [`kernels`] (`opsmith-kernels`): the kernel name tables shared with the PTX, and the
 //!   activation and optimizer formulas the CPU backend shares with the kernels;
 //! * [`autograd`] (`opsmith-autograd`): the tape, custom ops, gradcheck, `nn` (Linear, Mlp),
-//!   `optim` (SGD, Adam) and data-parallel training.
+//!   `optim` (SGD, Adam), data-parallel training, and `onnx` (export to ONNX models).
 //!
 //! ```
 //! use opsmith::{ops, Device, Tensor};

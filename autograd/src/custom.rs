@@ -1,4 +1,5 @@
 //! Custom ops with a backward their author writes: the Rust analog of `torch.autograd.Function`.
+use crate::onnx::trace::{self, Traced};
 use crate::tape::{Var, tracking};
 use crate::{Error, Result};
 use opsmith_host::{Device, Tensor};
@@ -73,6 +74,13 @@ pub trait CustomOp: Send + Sync + 'static {
         let _ = (inputs, output, grad);
         Err(Error::MissingCudaImpl { op: self.name(), stage: "backward" })
     }
+    /// For [ONNX export](crate::onnx): the op's node type (domain and name) and what it computes
+    /// in standard ONNX ops. Exported models call it as a node of that domain, with the function
+    /// next to it, so that any runtime can run it. Without one (the default), exporting a model
+    /// that uses the op fails with [`Error::Export`] naming it.
+    fn onnx_function(&self) -> Option<crate::onnx::Function> {
+        None
+    }
 }
 
 /// Applies a custom op to variables, recording its backward when an input requires gradients.
@@ -126,14 +134,19 @@ pub fn custom(op: &Arc<dyn CustomOp>, inputs: &[&Var]) -> Result<Var> {
         Device::Cpu => op.cpu_forward(&tensors)?,
         Device::Cuda(_) => op.cuda_forward(&tensors)?,
     };
-    let Some(tape) = tracking(op.name(), inputs)? else { return Ok(Var::constant(out)) };
+    let Some(tape) = tracking(op.name(), inputs)? else {
+        let var = Var::constant(out);
+        trace::note(|| Traced::Custom(Arc::clone(op)), inputs, &var);
+        return Ok(var);
+    };
     let saved_inputs: Vec<Tensor> = tensors.iter().map(|t| (*t).clone()).collect();
     let saved_output = out.clone();
     let mut keep: Vec<&Tensor> = tensors.clone();
     keep.push(&out);
+    let traced_op = Arc::clone(op);
     let op = Arc::clone(op);
     let out_for_record = out.clone();
-    Ok(tape.record(op.name(), inputs, out_for_record, &keep, move |g| {
+    let var = tape.record(op.name(), inputs, out_for_record, &keep, move |g| {
         let ins: Vec<&Tensor> = saved_inputs.iter().collect();
         let grads = match device {
             Device::Cpu => op.cpu_backward(&ins, &saved_output, g)?,
@@ -155,5 +168,7 @@ pub fn custom(op: &Arc<dyn CustomOp>, inputs: &[&Var]) -> Result<Var> {
             }
         }
         Ok(grads)
-    }))
+    });
+    trace::note(|| Traced::Custom(traced_op), inputs, &var);
+    Ok(var)
 }

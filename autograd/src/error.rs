@@ -144,6 +144,14 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// ONNX export failed: what (an op, a name, the tracer) and why.
+    #[error("ONNX export: {what}: {reason}")]
+    Export {
+        /// The op, name or call that could not be exported.
+        what: String,
+        /// Why.
+        reason: String,
+    },
     /// A model or optimizer was configured with values it cannot use.
     #[error("{what}: {reason}")]
     InvalidConfig {

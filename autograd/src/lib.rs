@@ -12,6 +12,7 @@
 //! * [`CustomOp`] and [`custom`]: your own forward and backward, per device.
 //! * [`gradcheck()`] and [`compare_devices`]: finite differences in f64, and CUDA against CPU.
 //! * [`no_grad`]: inference without recording.
+//! * [`onnx`]: export a traced forward pass as an ONNX model, fused and custom ops included.
 //!
 //! ```
 //! # fn main() -> opsmith_autograd::Result<()> {
@@ -38,6 +39,7 @@ pub mod data_parallel;
 mod error;
 pub mod gradcheck;
 pub mod nn;
+pub mod onnx;
 pub mod ops;
 pub mod optim;
 mod tape;

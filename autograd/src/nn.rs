@@ -404,6 +404,28 @@ impl Mlp {
         self.layers.iter().flat_map(|l| [l.weight.clone(), l.bias.clone()]).collect()
     }
 
+    /// Every parameter with its name in safetensors files (`layers.0.weight`, `layers.0.bias`,
+    /// …), in the order of [`Mlp::parameters`]: for logs, checkpoints and exported models.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::{Activation, Mlp}};
+    /// use opsmith_host::{DType, Device};
+    /// let mlp = Mlp::new(&Tape::new(), &[2, 8, 3], Activation::Relu, DType::F32, Device::Cpu, 0)?;
+    /// let names: Vec<String> = mlp.named_parameters().into_iter().map(|(name, _)| name).collect();
+    /// assert_eq!(names, ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn named_parameters(&self) -> Vec<(String, Var)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| {
+                [(format!("layers.{i}.weight"), l.weight.clone()), (format!("layers.{i}.bias"), l.bias.clone())]
+            })
+            .collect()
+    }
+
     /// The layers.
     ///
     /// ```
@@ -476,11 +498,9 @@ impl Mlp {
     /// ```
     pub fn to_safetensors(&self) -> Result<Vec<u8>> {
         let mut tensors = Vec::new();
-        for (i, layer) in self.layers.iter().enumerate() {
-            for (kind, var) in [("weight", &layer.weight), ("bias", &layer.bias)] {
-                let t = var.value();
-                tensors.push((format!("layers.{i}.{kind}"), t.dtype(), t.dims().to_vec(), tensor_bytes(t)?));
-            }
+        for (name, var) in self.named_parameters() {
+            let t = var.value();
+            tensors.push((name, t.dtype(), t.dims().to_vec(), tensor_bytes(t)?));
         }
         let views = tensors
             .iter()

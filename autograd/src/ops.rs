@@ -19,17 +19,21 @@
 //! # Ok(()) }
 //! ```
 use crate::Result;
+use crate::onnx::trace::{self, Traced};
 use crate::tape::{Grad, Like, Var, tracking};
 use opsmith_host::{Labels, Tensor, ops as host};
 
 /// Returns the output as a constant when nothing is tracked, else records it.
+/// Either way, tells a running ONNX tracer what `$traced` op it was.
 macro_rules! record_or_constant {
-    ($op:expr, $inputs:expr, $out:expr, |$tape:ident| $record:expr) => {
-        match tracking($op, $inputs)? {
-            None => Ok(Var::constant($out)),
-            Some($tape) => Ok($record),
-        }
-    };
+    ($op:expr, $traced:expr, $inputs:expr, $out:expr, |$tape:ident| $record:expr) => {{
+        let var = match tracking($op, $inputs)? {
+            None => Var::constant($out),
+            Some($tape) => $record,
+        };
+        trace::note(|| $traced, $inputs, &var);
+        Ok(var)
+    }};
 }
 
 /// `t * v` as a gradient, when `t` was saved (its partner needs a gradient).
@@ -63,7 +67,7 @@ fn saved_refs(saved: &[&Option<Tensor>]) -> Vec<Tensor> {
 /// ```
 pub fn add(a: &Var, b: &Var) -> Result<Var> {
     let out = host::add(a.value(), b.value())?;
-    record_or_constant!("add", &[a, b], out, |tape| {
+    record_or_constant!("add", Traced::Add, &[a, b], out, |tape| {
         let like = Like::of(&out);
         tape.record_with_uniform(
             "add",
@@ -92,7 +96,7 @@ pub fn add(a: &Var, b: &Var) -> Result<Var> {
 pub fn sub(a: &Var, b: &Var) -> Result<Var> {
     let out = host::sub(a.value(), b.value())?;
     let b_needs = b.requires_grad();
-    record_or_constant!("sub", &[a, b], out, |tape| {
+    record_or_constant!("sub", Traced::Sub, &[a, b], out, |tape| {
         let like = Like::of(&out);
         tape.record_with_uniform(
             "sub",
@@ -121,7 +125,7 @@ pub fn sub(a: &Var, b: &Var) -> Result<Var> {
 /// ```
 pub fn mul(a: &Var, b: &Var) -> Result<Var> {
     let out = host::mul(a.value(), b.value())?;
-    record_or_constant!("mul", &[a, b], out, |tape| {
+    record_or_constant!("mul", Traced::Mul, &[a, b], out, |tape| {
         let (saved_b, saved_a) = (save_if(a.requires_grad(), b.value()), save_if(b.requires_grad(), a.value()));
         let keep = saved_refs(&[&saved_a, &saved_b]);
         let (uniform_b, uniform_a) = (saved_b.clone(), saved_a.clone());
@@ -174,7 +178,7 @@ pub fn neg(x: &Var) -> Result<Var> {
 /// ```
 pub fn scale(x: &Var, alpha: f64) -> Result<Var> {
     let out = host::scale(x.value(), alpha)?;
-    record_or_constant!("scale", &[x], out, |tape| {
+    record_or_constant!("scale", Traced::Scale(alpha), &[x], out, |tape| {
         let like = Like::of(&out);
         tape.record_with_uniform(
             "scale",
@@ -203,7 +207,7 @@ pub fn scale(x: &Var, alpha: f64) -> Result<Var> {
 /// ```
 pub fn add_scalar(x: &Var, beta: f64) -> Result<Var> {
     let out = host::add_scalar(x.value(), beta)?;
-    record_or_constant!("add_scalar", &[x], out, |tape| {
+    record_or_constant!("add_scalar", Traced::AddScalar(beta), &[x], out, |tape| {
         let like = Like::of(&out);
         tape.record_with_uniform(
             "add_scalar",
@@ -232,7 +236,7 @@ pub fn add_scalar(x: &Var, beta: f64) -> Result<Var> {
 /// ```
 pub fn sum(x: &Var) -> Result<Var> {
     let out = host::sum(x.value())?;
-    record_or_constant!("sum", &[x], out, |tape| {
+    record_or_constant!("sum", Traced::Sum, &[x], out, |tape| {
         let shape = x.value().shape().clone();
         let like = Like::of(x.value());
         tape.record_with_uniform(
@@ -263,7 +267,7 @@ pub fn sum(x: &Var) -> Result<Var> {
 pub fn mean(x: &Var) -> Result<Var> {
     let out = host::mean(x.value())?;
     let n = x.value().elem_count() as f64;
-    record_or_constant!("mean", &[x], out, |tape| {
+    record_or_constant!("mean", Traced::Mean, &[x], out, |tape| {
         let shape = x.value().shape().clone();
         let like = Like::of(x.value());
         tape.record_with_uniform(
@@ -296,7 +300,7 @@ pub fn mean(x: &Var) -> Result<Var> {
 /// ```
 pub fn fused_mul_add(a: &Var, b: &Var, c: &Var) -> Result<Var> {
     let out = host::fused_mul_add(a.value(), b.value(), c.value())?;
-    record_or_constant!("fused_mul_add", &[a, b, c], out, |tape| {
+    record_or_constant!("fused_mul_add", Traced::FusedMulAdd, &[a, b, c], out, |tape| {
         let (saved_b, saved_a) = (save_if(a.requires_grad(), b.value()), save_if(b.requires_grad(), a.value()));
         let keep = saved_refs(&[&saved_a, &saved_b]);
         let (uniform_b, uniform_a, like) = (saved_b.clone(), saved_a.clone(), Like::of(&out));
@@ -348,7 +352,7 @@ pub fn fused_mul_add(a: &Var, b: &Var, c: &Var) -> Result<Var> {
 /// ```
 pub fn add_mul(x: &Var, y: &Var, w: &Var) -> Result<Var> {
     let out = host::add_mul(x.value(), y.value(), w.value())?;
-    record_or_constant!("add_mul", &[x, y, w], out, |tape| {
+    record_or_constant!("add_mul", Traced::AddMul, &[x, y, w], out, |tape| {
         let (x_need, y_need, w_need) = (x.requires_grad(), y.requires_grad(), w.requires_grad());
         // Two variables that each need `g * w`: the kernel writes it twice, so neither needs a
         // copy at the end of backward.
@@ -425,9 +429,13 @@ pub fn add_mul(x: &Var, y: &Var, w: &Var) -> Result<Var> {
 pub fn add_row(x: &Var, b: &Var) -> Result<Var> {
     let out = host::add_row(x.value(), b.value())?;
     let b_needs = b.requires_grad();
-    record_or_constant!("add_row", &[x, b], out, |tape| tape.record("add_row", &[x, b], out, &[], move |g| {
-        Ok(vec![Some(g.clone()), if b_needs { Some(host::sum_rows(g)?) } else { None }])
-    }))
+    record_or_constant!("add_row", Traced::AddRow, &[x, b], out, |tape| tape.record(
+        "add_row",
+        &[x, b],
+        out,
+        &[],
+        move |g| { Ok(vec![Some(g.clone()), if b_needs { Some(host::sum_rows(g)?) } else { None }]) }
+    ))
 }
 
 /// `a · b`: matrices `[m, k] · [k, n]`, or batches `[B, m, k] · [B, k, n]`; on CUDA through
@@ -448,7 +456,7 @@ pub fn add_row(x: &Var, b: &Var) -> Result<Var> {
 /// ```
 pub fn matmul(a: &Var, b: &Var) -> Result<Var> {
     let out = host::matmul(a.value(), b.value())?;
-    record_or_constant!("matmul", &[a, b], out, |tape| {
+    record_or_constant!("matmul", Traced::Matmul, &[a, b], out, |tape| {
         let (saved_b, saved_a) = (save_if(a.requires_grad(), b.value()), save_if(b.requires_grad(), a.value()));
         let keep = saved_refs(&[&saved_a, &saved_b]);
         tape.record("matmul", &[a, b], out, &keep.iter().collect::<Vec<_>>(), move |g| {
@@ -463,12 +471,13 @@ pub fn matmul(a: &Var, b: &Var) -> Result<Var> {
 /// Records an activation `f(x)` whose backward is one fused kernel of `(g, x)`.
 fn activation(
     op: &'static str,
+    traced: Traced,
     x: &Var,
     forward: fn(&Tensor) -> opsmith_host::Result<Tensor>,
     backward: fn(&Tensor, &Tensor) -> opsmith_host::Result<Tensor>,
 ) -> Result<Var> {
     let out = forward(x.value())?;
-    record_or_constant!(op, &[x], out, |tape| {
+    record_or_constant!(op, traced, &[x], out, |tape| {
         let saved_x = x.value().clone();
         tape.record(op, &[x], out, &[&saved_x.clone()], move |g| Ok(vec![Some(backward(g, &saved_x)?)]))
     })
@@ -487,7 +496,7 @@ fn activation(
 /// # Ok(()) }
 /// ```
 pub fn relu(x: &Var) -> Result<Var> {
-    activation("relu", x, host::relu, host::relu_backward)
+    activation("relu", Traced::Relu, x, host::relu, host::relu_backward)
 }
 
 /// GELU in its tanh form, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, one kernel; the backward
@@ -503,7 +512,7 @@ pub fn relu(x: &Var) -> Result<Var> {
 /// # Ok(()) }
 /// ```
 pub fn gelu(x: &Var) -> Result<Var> {
-    activation("gelu", x, host::gelu, host::gelu_backward)
+    activation("gelu", Traced::Gelu, x, host::gelu, host::gelu_backward)
 }
 
 /// SiLU (swish), `x·σ(x)`, one kernel; the backward is one kernel too.
@@ -518,7 +527,7 @@ pub fn gelu(x: &Var) -> Result<Var> {
 /// # Ok(()) }
 /// ```
 pub fn silu(x: &Var) -> Result<Var> {
-    activation("silu", x, host::silu, host::silu_backward)
+    activation("silu", Traced::Silu, x, host::silu, host::silu_backward)
 }
 
 /// `softmax(scale·x + mask)` along the last axis, in one kernel; `mask` (additive, e.g. `-inf`
@@ -540,7 +549,7 @@ pub fn silu(x: &Var) -> Result<Var> {
 pub fn softmax(x: &Var, scale: f64, mask: Option<&Var>) -> Result<Var> {
     let out = host::softmax(x.value(), scale, mask.map(Var::value))?;
     let inputs: Vec<&Var> = std::iter::once(x).chain(mask).collect();
-    record_or_constant!("softmax", &inputs, out, |tape| {
+    record_or_constant!("softmax", Traced::Softmax { scale, masked: mask.is_some() }, &inputs, out, |tape| {
         let y = out.clone();
         let x_needs = x.requires_grad();
         let has_mask = mask.is_some();
@@ -585,7 +594,7 @@ fn sum_to_trailing(g: &Tensor, shape: opsmith_host::Shape) -> Result<Tensor> {
 /// ```
 pub fn cross_entropy(logits: &Var, labels: &Labels) -> Result<Var> {
     let out = host::cross_entropy(logits.value(), labels)?;
-    record_or_constant!("cross_entropy", &[logits], out, |tape| {
+    record_or_constant!("cross_entropy", Traced::CrossEntropy(labels.clone()), &[logits], out, |tape| {
         let (saved, labels) = (logits.value().clone(), labels.clone());
         tape.record("cross_entropy", &[logits], out, &[&saved.clone()], move |g| {
             Ok(vec![Some(host::cross_entropy_backward(g, &saved, &labels)?)])
@@ -611,7 +620,7 @@ pub fn cross_entropy(logits: &Var, labels: &Labels) -> Result<Var> {
 /// ```
 pub fn mse_loss(pred: &Var, target: &Var) -> Result<Var> {
     let out = host::mse_loss(pred.value(), target.value())?;
-    record_or_constant!("mse_loss", &[pred, target], out, |tape| {
+    record_or_constant!("mse_loss", Traced::MseLoss, &[pred, target], out, |tape| {
         let (p, t) = (pred.value().clone(), target.value().clone());
         let target_needs = target.requires_grad();
         tape.record("mse_loss", &[pred, target], out, &[&p.clone(), &t.clone()], move |g| {

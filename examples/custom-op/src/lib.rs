@@ -8,6 +8,7 @@
 //! crate) or from `build.rs` with `opsmith-ptx-builder` (the `build-kernels` feature; needs the
 //! pinned nightly).
 use filter3x3_kernels as kernels;
+use opsmith::autograd::onnx::{Attribute, Function};
 use opsmith::autograd::{CustomOp, Result};
 use opsmith::cuda::{Grid, KernelCrate};
 use opsmith::{DType, Device, Error, Tensor};
@@ -25,6 +26,9 @@ pub const PTX: &str = include_str!("../filter3x3.ptx");
 
 /// Loaded into each device's context on first use, and kept there.
 static KERNELS: KernelCrate = KernelCrate::new("filter3x3-kernels", PTX);
+
+/// The ONNX domain of the op's nodes in exported models.
+pub const ONNX_DOMAIN: &str = "example.filter";
 
 /// A Laplacian-style stencil, deliberately not symmetric, so that a backward that forgot to
 /// flip the stencil fails gradcheck.
@@ -86,5 +90,18 @@ impl CustomOp for Filter3x3 {
     }
     fn cuda_backward(&self, _inputs: &[&Tensor], _output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
         Ok(vec![Some(self.cuda(grad, true)?)])
+    }
+    /// In ONNX, a node `example.filter::Filter3x3` whose function is the same stencil as a
+    /// standard `Conv`: the image as a batch of one single-channel image, zero padding of one.
+    fn onnx_function(&self) -> Option<Function> {
+        let weights: Vec<f64> = self.weights.iter().map(|&w| f64::from(w)).collect();
+        Some(
+            Function::new(ONNX_DOMAIN, "Filter3x3", &["x"], "y")
+                .constant_ints("image_axes", &[0, 1])
+                .node("Unsqueeze", &["x", "image_axes"], "x4")
+                .constant_tensor_like("w", &weights, &[1, 1, 3, 3], "x")
+                .node_with("Conv", &["x4", "w"], "y4", vec![Attribute::ints("pads", &[1, 1, 1, 1])])
+                .node("Squeeze", &["y4", "image_axes"], "y"),
+        )
     }
 }

@@ -1,5 +1,6 @@
 //! A first program against opsmith: one fused op and one tape backward, on CUDA when the build
-//! has the `cuda` feature and the machine a GPU, else on the CPU. Every value is checked.
+//! has the `cuda` feature and the machine a GPU, else on the CPU, and its ONNX export. Every
+//! value is checked.
 use opsmith::autograd::{Tape, ops as ag};
 use opsmith::{Device, Tensor, ops};
 
@@ -24,6 +25,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(gx, [3.0, 1.0, -2.0, 0.5], "d loss / dx");
     assert_eq!(gw, [1.5, 0.5, 5.0, -3.75], "d loss / dw");
     assert_eq!(loss.value().to_vec::<f32>()?, [4.5 + 0.5 - 10.0 - 1.875], "loss");
+
+    // The same forward as an ONNX model: opsmith's fused node (with its function), then ReduceSum.
+    let mut tracer = opsmith::autograd::onnx::Tracer::new("add_mul_sum")?;
+    for (name, v) in [("x", &x), ("y", &y), ("w", &w)] {
+        tracer.input(name, v)?;
+    }
+    tracer.output("loss", &ag::sum(&ag::add_mul(&x, &y, &w)?)?)?;
+    let model = tracer.finish()?;
+    assert_eq!(model.op_types(), ["AddMul", "ReduceSum"], "exported nodes");
+    assert!(model.to_bytes().len() > 100, "an ONNX model's bytes");
 
     // Without the feature, asking for a GPU is an error that says which feature to turn on.
     if !cfg!(feature = "cuda") {
