@@ -22,6 +22,7 @@ macro_rules! property {
 
 property!(add_matches_f64, Op::Add);
 property!(sub_matches_f64, Op::Sub);
+property!(div_matches_f64, Op::Div);
 property!(mul_matches_f64, Op::Mul);
 property!(affine_matches_f64, Op::Affine);
 property!(fused_mul_add_matches_f64, Op::FusedMulAdd);

@@ -1,4 +1,4 @@
-//! The elementwise kernel family: `add`, `mul`, `fused_mul_add`, `add_mul`, `add_mul_backward`
+//! The elementwise kernel family: `add`, `sub`, `mul`, `div`, `fused_mul_add`, `add_mul`, `add_mul_backward`
 //! (from a gradient tensor or from one gradient value everywhere), one set per storage dtype.
 //!
 //! [`elementwise_family!`] defines, from one list of identifiers, both the `extern "ptx-kernel"`
@@ -12,6 +12,7 @@ macro_rules! elementwise_family {
             add: $add:ident,
             sub: $sub:ident,
             mul: $mul:ident,
+            div: $div:ident,
             affine: $affine:ident,
             fused_mul_add: $fma:ident,
             add_mul: $add_mul:ident,
@@ -27,6 +28,7 @@ macro_rules! elementwise_family {
             add: $add,
             sub: $sub,
             mul: $mul,
+            div: $div,
             affine: $affine,
             fused_mul_add: $fma,
             add_mul: $add_mul,
@@ -113,6 +115,26 @@ macro_rules! elementwise_family {
             ) {
                 // SAFETY: forwarded from this kernel's contract.
                 unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a * b]) }
+            }
+        }
+
+        crate::kernel! {
+            /// `out[i] = a[i] / b[i]` for `i < n`, correctly rounded in f32 (`div.rn.f32`), then
+            /// rounded to the storage dtype.
+            ///
+            /// Thread mapping as for the `add` kernel of this family.
+            ///
+            /// # Safety
+            /// As for `add`: `a`, `b` and `out` are valid for `n` elements and aligned to the element
+            /// type; `out` is either exactly `a` or `b`, or overlaps neither.
+            pub unsafe fn $div(
+                a: *const [$elem; n],
+                b: *const [$elem; n],
+                #[in_place] out: *mut [$elem; n],
+                n: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { crate::device::elementwise::map_elementwise::<$elem, 2, 1>([a, b], [out], n, |[a, b]| [a / b]) }
             }
         }
 
@@ -296,6 +318,7 @@ elementwise_family! {
         add: add_f32,
         sub: sub_f32,
         mul: mul_f32,
+        div: div_f32,
         affine: affine_f32,
         fused_mul_add: fused_mul_add_f32,
         add_mul: add_mul_f32,
@@ -312,6 +335,7 @@ elementwise_family! {
         add: add_f16,
         sub: sub_f16,
         mul: mul_f16,
+        div: div_f16,
         affine: affine_f16,
         fused_mul_add: fused_mul_add_f16,
         add_mul: add_mul_f16,
@@ -328,6 +352,7 @@ elementwise_family! {
         add: add_bf16,
         sub: sub_bf16,
         mul: mul_bf16,
+        div: div_bf16,
         affine: affine_bf16,
         fused_mul_add: fused_mul_add_bf16,
         add_mul: add_mul_bf16,

@@ -33,6 +33,8 @@ pub struct ElementwiseKernels {
     pub sub: KernelDecl<(In, In, Out, u64)>,
     /// `out = a * b`.
     pub mul: KernelDecl<(In, In, Out, u64)>,
+    /// `out = a / b`.
+    pub div: KernelDecl<(In, In, Out, u64)>,
     /// `out = x * alpha + beta` for scalars `alpha`, `beta`.
     pub affine: KernelDecl<(In, Out, f32, f32, u64)>,
     /// `d = a * b + c`, one rounding for the multiply-add.
@@ -57,11 +59,12 @@ impl ElementwiseKernels {
     /// let all = opsmith_kernels::names::F32.all();
     /// assert!(all.contains(&"add_mul_backward_f32"));
     /// ```
-    pub const fn all(&self) -> [&'static str; 10] {
+    pub const fn all(&self) -> [&'static str; 11] {
         [
             self.add.name(),
             self.sub.name(),
             self.mul.name(),
+            self.div.name(),
             self.affine.name(),
             self.fused_mul_add.name(),
             self.add_mul.name(),

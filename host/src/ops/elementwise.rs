@@ -113,6 +113,24 @@ impl ElementwiseOp<2, 1> for Sub {
     }
 }
 
+/// `a / b`.
+#[derive(Clone, Copy)]
+pub(crate) struct Div;
+
+impl ElementwiseOp<2, 1> for Div {
+    fn name(&self) -> &'static str {
+        "div"
+    }
+    #[inline(always)]
+    fn compute<A: Accumulator>(&self, [a, b]: [A; 2]) -> [A; 1] {
+        [a / b]
+    }
+    #[cfg(feature = "cuda")]
+    fn launch(&self, on: Launch, [a, b]: [&Tensor; 2], [out]: [&Tensor; 1]) -> Result<()> {
+        on.run(on.elementwise()?.div, (a, b, out, on.n))
+    }
+}
+
 /// `a * b`.
 #[derive(Clone, Copy)]
 pub(crate) struct Mul;

@@ -56,7 +56,7 @@ pub use softmax::{softmax, softmax_backward};
 
 use crate::{Result, Tensor};
 use elementwise::{
-    Add, AddMul, AddMulBackward, AddMulBackwardSplit, AddMulBackwardSplitUniform, AddMulBackwardUniform, Affine,
+    Add, AddMul, AddMulBackward, AddMulBackwardSplit, AddMulBackwardSplitUniform, AddMulBackwardUniform, Affine, Div,
     FusedMulAdd, Mul, Sub, run, run_new,
 };
 
@@ -219,6 +219,37 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// ```
 pub fn mul_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
     run(Mul, [a, b], [out])
+}
+
+/// `a / b`, elementwise, correctly rounded in the arithmetic type (f32, or f64 for f64
+/// tensors) as IEEE 754 says: `x / 0` is `±inf`, `0 / 0` is NaN.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let a = Tensor::from_vec(vec![1.0f32, -3.0, 1.0], [3], Device::Cpu)?;
+/// let b = Tensor::from_vec(vec![4.0f32, 2.0, 0.0], [3], Device::Cpu)?;
+/// assert_eq!(ops::div(&a, &b)?.to_vec::<f32>()?, [0.25, -1.5, f32::INFINITY]);
+/// # Ok(()) }
+/// ```
+pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let [out] = run_new(Div, [a, b])?;
+    Ok(out)
+}
+
+/// `a / b`, into an existing tensor.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let a = Tensor::from_vec(vec![1.0f32, 3.0], [2], Device::Cpu)?;
+/// let b = Tensor::from_vec(vec![2.0f32, 4.0], [2], Device::Cpu)?;
+/// ops::div_into(&a, &b, &a)?; // in place
+/// assert_eq!(a.to_vec::<f32>()?, [0.5, 0.75]);
+/// # Ok(()) }
+/// ```
+pub fn div_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+    run(Div, [a, b], [out])
 }
 
 /// `d = a * b + c` in one pass, with a single rounding for the multiply-add (a true FMA).

@@ -35,6 +35,7 @@ pub enum Op {
     Add,
     Sub,
     Mul,
+    Div,
     /// `x * ALPHA + BETA`.
     Affine,
     FusedMulAdd,
@@ -49,10 +50,11 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 10] = [
+    pub const ALL: [Op; 11] = [
         Op::Add,
         Op::Sub,
         Op::Mul,
+        Op::Div,
         Op::Affine,
         Op::FusedMulAdd,
         Op::AddMul,
@@ -65,7 +67,7 @@ impl Op {
     pub fn arity(self) -> (usize, usize) {
         match self {
             Op::Affine => (1, 1),
-            Op::Add | Op::Sub | Op::Mul => (2, 1),
+            Op::Add | Op::Sub | Op::Mul | Op::Div => (2, 1),
             Op::FusedMulAdd | Op::AddMul => (3, 1),
             Op::AddMulBackward => (4, 2),
             Op::AddMulBackwardUniform => (3, 2),
@@ -80,6 +82,7 @@ impl Op {
             Op::Add => vec![x[0] + x[1]],
             Op::Sub => vec![x[0] - x[1]],
             Op::Mul => vec![x[0] * x[1]],
+            Op::Div => vec![x[0] / x[1]],
             Op::Affine => vec![x[0] * ALPHA + BETA],
             Op::FusedMulAdd => vec![x[0] * x[1] + x[2]],
             Op::AddMul => vec![(x[0] + x[1]) * x[2]],
@@ -116,6 +119,7 @@ impl Op {
         match (self, k) {
             (Op::Add | Op::Sub, _) => x[0].abs() + x[1].abs(),
             (Op::Mul, _) => (x[0] * x[1]).abs(),
+            (Op::Div, _) => (x[0] / x[1]).abs(),
             (Op::Affine, _) => (x[0] * ALPHA).abs() + BETA.abs(),
             (Op::FusedMulAdd, _) => (x[0] * x[1]).abs() + x[2].abs(),
             (Op::AddMul, _) => (x[0].abs() + x[1].abs()) * x[2].abs(),
@@ -135,6 +139,7 @@ impl Op {
             Op::Add => ops::add_into(ins[0], ins[1], outs[0]),
             Op::Sub => ops::sub_into(ins[0], ins[1], outs[0]),
             Op::Mul => ops::mul_into(ins[0], ins[1], outs[0]),
+            Op::Div => ops::div_into(ins[0], ins[1], outs[0]),
             Op::Affine => ops::affine_into(ins[0], ALPHA, BETA, outs[0]),
             Op::FusedMulAdd => ops::fused_mul_add_into(ins[0], ins[1], ins[2], outs[0]),
             Op::AddMul => ops::add_mul_into(ins[0], ins[1], ins[2], outs[0]),
@@ -156,6 +161,7 @@ impl Op {
             Op::Add => vec![ops::add(ins[0], ins[1])?],
             Op::Sub => vec![ops::sub(ins[0], ins[1])?],
             Op::Mul => vec![ops::mul(ins[0], ins[1])?],
+            Op::Div => vec![ops::div(ins[0], ins[1])?],
             Op::Affine => vec![ops::affine(ins[0], ALPHA, BETA)?],
             Op::FusedMulAdd => vec![ops::fused_mul_add(ins[0], ins[1], ins[2])?],
             Op::AddMul => vec![ops::add_mul(ins[0], ins[1], ins[2])?],
@@ -559,6 +565,10 @@ macro_rules! shared_cases {
         #[test]
         fn sub_against_f64() -> opsmith_host::Result<()> {
             common::op_against_f64($device, common::Op::Sub)
+        }
+        #[test]
+        fn div_against_f64() -> opsmith_host::Result<()> {
+            common::op_against_f64($device, common::Op::Div)
         }
         #[test]
         fn affine_against_f64() -> opsmith_host::Result<()> {
