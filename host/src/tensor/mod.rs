@@ -7,6 +7,7 @@
 //! assert_eq!((t.dims(), t.dtype(), t.device()), (&[2, 3][..], DType::BF16, Device::Cpu));
 //! # Ok(()) }
 //! ```
+mod operators;
 mod shape;
 #[doc(hidden)]
 pub mod storage;
