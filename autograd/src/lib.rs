@@ -2,10 +2,11 @@
 //! on the CPU or on CUDA, custom ops with a backward you write, and gradient checks.
 //!
 //! * [`Tape`] and [`Var`]: variables that require gradients, recorded nodes, [`Tape::backward`].
-//! * [`ops`]: differentiable ops: `add`, `sub`, `mul`, `neg`, `scale`, `add_scalar`, `sum`,
+//! * [`ops`]: differentiable ops: `add`, `sub`, `mul`, `div`, `neg`, `scale`, `add_scalar`, `sum`,
 //!   `mean`, `fused_mul_add`, `add_mul` (one fused backward kernel), `add_row` (a bias row),
 //!   `matmul` (cuBLAS on CUDA), `relu`, `gelu`, `silu`, `softmax` (with scale and mask),
 //!   `cross_entropy`, `mse_loss`.
+//! * Operators: `+ - * /` and unary `-` on `&Var` (and with an `f64`), returning `Result`.
 //! * [`nn`]: [`nn::Linear`] and [`nn::Mlp`], parameters as tape variables, safetensors files.
 //! * `data_parallel` (with the `nccl` feature): one replica per GPU, gradients averaged with NCCL.
 //! * [`optim`]: [`optim::Sgd`] and [`optim::Adam`], updating parameters in place on the device.
@@ -40,6 +41,7 @@ mod error;
 pub mod gradcheck;
 pub mod nn;
 pub mod onnx;
+mod operators;
 pub mod ops;
 pub mod optim;
 mod tape;

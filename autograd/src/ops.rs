@@ -146,6 +146,41 @@ pub fn mul(a: &Var, b: &Var) -> Result<Var> {
     })
 }
 
+/// `a / b`. Backward: `ga = g / b`, `gb = −g·a/b² = −(g / b)·(a / b)`.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let a = tape.var(Tensor::from_vec(vec![1.0f32, 6.0], [2], Device::Cpu)?);
+/// let b = tape.var(Tensor::from_vec(vec![2.0f32, 4.0], [2], Device::Cpu)?);
+/// let q = ops::div(&a, &b)?;
+/// assert_eq!(q.value().to_vec::<f32>()?, [0.5, 1.5]);
+/// let grads = tape.backward(&ops::sum(&q)?)?;
+/// assert_eq!(grads.get(&a).unwrap().to_vec::<f32>()?, [0.5, 0.25]); // 1 / b
+/// assert_eq!(grads.get(&b).unwrap().to_vec::<f32>()?, [-0.25, -0.375]); // -a / b²
+/// # Ok(()) }
+/// ```
+pub fn div(a: &Var, b: &Var) -> Result<Var> {
+    let out = host::div(a.value(), b.value())?;
+    record_or_constant!("div", Traced::Div, &[a, b], out, |tape| {
+        let (a_needs, b_needs) = (a.requires_grad(), b.requires_grad());
+        let saved_b = b.value().clone();
+        let saved_out = save_if(b_needs, &out);
+        let keep = saved_refs(&[&Some(saved_b.clone()), &saved_out]);
+        tape.record("div", &[a, b], out, &keep.iter().collect::<Vec<_>>(), move |g| {
+            let g_over_b = host::div(g, &saved_b)?;
+            let gb = match &saved_out {
+                // −(g / b)·(a / b): the quotient is the forward's output.
+                Some(q) => Some(host::neg(&host::mul(&g_over_b, q)?)?),
+                None => None,
+            };
+            Ok(vec![a_needs.then_some(g_over_b), gb])
+        })
+    })
+}
+
 /// `-x`. Backward: `-g`.
 ///
 /// ```

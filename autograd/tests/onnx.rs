@@ -127,6 +127,7 @@ fn run(model: &ModelProto, nodes: &[NodeProto], env: &mut HashMap<String, Value>
                 "Add" => broadcast(&x(0), &x(1), |a, b| a + b),
                 "Sub" => broadcast(&x(0), &x(1), |a, b| a - b),
                 "Mul" => broadcast(&x(0), &x(1), |a, b| a * b),
+                "Div" => broadcast(&x(0), &x(1), |a, b| a / b),
                 "Neg" => x(0).map(|v| -v),
                 "Relu" => x(0).map(|v| v.max(0.0)),
                 "Sigmoid" => x(0).map(|v| 1.0 / (1.0 + (-v).exp())),
@@ -309,7 +310,10 @@ fn fused_ops_custom_ops_and_losses_export_with_their_functions() -> Result<()> {
     let plain = ops::softmax(&ops::neg(&z)?, 1.0, None)?;
     let cubed = custom(&cube, &[&ops::add_row(&ops::scale(&d, 0.25)?, &w)?])?;
     let ce = ops::cross_entropy(&ops::sub(&cubed, &ops::add_scalar(&plain, -0.5)?)?, &labels)?;
-    let loss = ops::add(&ops::add(&ce, &ops::mse_loss(&masked, &scaled)?)?, &ops::mean(&ops::mul(&z, &z)?)?)?;
+    let loss = ops::add(
+        &ops::add(&ce, &ops::mse_loss(&masked, &scaled)?)?,
+        &ops::mean(&ops::div(&z, &ops::add_scalar(&ops::mul(&z, &z)?, 1.0)?)?)?,
+    )?;
     let total = ops::sum(&cubed)?;
     let _unused = ops::relu(&a)?; // recorded, but no output needs it
     for (name, v) in [("masked", &masked), ("loss", &loss), ("total", &total)] {

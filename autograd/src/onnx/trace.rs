@@ -12,6 +12,7 @@ pub(crate) enum Traced {
     Add,
     Sub,
     Mul,
+    Div,
     Scale(f64),
     AddScalar(f64),
     Sum,

@@ -40,6 +40,9 @@ pub fn cases() -> Vec<Case> {
         ("add", vec![&[2, 3], &[2, 3]], |v| ops::add(&v[0], &v[1])),
         ("sub", vec![&[2, 3], &[2, 3]], |v| ops::sub(&v[0], &v[1])),
         ("mul", vec![&[2, 3], &[2, 3]], |v| ops::mul(&v[0], &v[1])),
+        ("div", vec![&[2, 3], &[2, 3]], |v| ops::div(&v[0], &v[1])),
+        // The operators are the ops: `(a - b / 2) * (-a) + 1`.
+        ("operators", vec![&[4], &[4]], |v| (&(&v[0] - &(&v[1] / 2.0)?)? * &(-&v[0])?)? + 1.0),
         ("neg", vec![&[5]], |v| ops::neg(&v[0])),
         ("scale", vec![&[5]], |v| ops::scale(&v[0], -2.5)),
         ("add_scalar", vec![&[5]], |v| ops::add_scalar(&v[0], 0.75)),
