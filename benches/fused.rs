@@ -51,8 +51,8 @@ fn cases<'a>(t: &'a [Tensor], o: &'a [Tensor]) -> Vec<Case<'a>> {
             } else {
                 autograd::ops::add(&x, &y).and_then(|s| autograd::ops::mul(&s, &w))
             };
-            let z = z.map_err(host)?;
-            tape.backward_with(&z, t[3].clone()).map_err(host)?;
+            let z = z?;
+            tape.backward_with(&z, t[3].clone())?;
             Ok(())
         }
     };
@@ -60,27 +60,27 @@ fn cases<'a>(t: &'a [Tensor], o: &'a [Tensor]) -> Vec<Case<'a>> {
         Case {
             name: "fused_mul_add",
             values_per_element: 4,
-            run: Box::new(|| ops::fused_mul_add_into(&t[0], &t[1], &t[2], &o[0])),
+            run: Box::new(|| Ok(ops::fused_mul_add_into(&t[0], &t[1], &t[2], &o[0])?)),
         },
         Case {
             name: "mul_then_add",
             values_per_element: 6,
             run: Box::new(|| {
                 ops::mul_into(&t[0], &t[1], &o[0])?;
-                ops::add_into(&o[0], &t[2], &o[1])
+                Ok(ops::add_into(&o[0], &t[2], &o[1])?)
             }),
         },
         Case {
             name: "add_mul",
             values_per_element: 4,
-            run: Box::new(|| ops::add_mul_into(&t[0], &t[1], &t[2], &o[0])),
+            run: Box::new(|| Ok(ops::add_mul_into(&t[0], &t[1], &t[2], &o[0])?)),
         },
         Case {
             name: "add_then_mul",
             values_per_element: 6,
             run: Box::new(|| {
                 ops::add_into(&t[0], &t[1], &o[0])?;
-                ops::mul_into(&o[0], &t[2], &o[1])
+                Ok(ops::mul_into(&o[0], &t[2], &o[1])?)
             }),
         },
         // fwd: x, y, w → z; bwd: g, x, y, w → g·w (shared by x and y), g·(x+y).
@@ -88,13 +88,6 @@ fn cases<'a>(t: &'a [Tensor], o: &'a [Tensor]) -> Vec<Case<'a>> {
         // fwd: add (3) and mul (3); bwd: mul's two products (6), add passes g through.
         Case { name: "tape_add_then_mul", values_per_element: 12, run: Box::new(tape_step(false)) },
     ]
-}
-
-fn host(e: autograd::Error) -> opsmith::Error {
-    match e {
-        autograd::Error::Host(h) => h,
-        other => opsmith::Error::InvalidArgument { op: "bench", reason: other.to_string() },
-    }
 }
 
 fn bench_device(c: &mut Criterion, device: Device) {

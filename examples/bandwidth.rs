@@ -20,20 +20,15 @@ use opsmith::autograd::{self, Tape};
 use opsmith::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, KernelModule, LaunchConfig};
 use opsmith::{DType, Device, Element, Result, Tensor, bf16, f16, ops};
 
-/// The report only times; an autograd error here is a host error underneath.
-fn into_host(e: autograd::Error) -> opsmith::Error {
-    match e {
-        autograd::Error::Host(h) => h,
-        other => opsmith::Error::InvalidArgument { op: "bandwidth", reason: other.to_string() },
-    }
-}
-
 const WARMUP: usize = 5;
 const REPS: usize = 30;
 
 /// Median milliseconds of `REPS` event-timed runs of `f` after `WARMUP` untimed ones, every run
 /// queued before the GPU reaches it ([`opsmith::cuda::time_runs`]).
-fn time_ms(dev: &CudaDevice, f: impl FnMut() -> Result<()>) -> Result<f64> {
+fn time_ms<E: From<opsmith::host::Error>>(
+    dev: &CudaDevice,
+    f: impl FnMut() -> std::result::Result<(), E>,
+) -> std::result::Result<f64, E> {
     Ok(opsmith::cuda::time_runs(&dev.current_stream(), WARMUP, REPS, f)?.median_ms())
 }
 
@@ -50,7 +45,7 @@ fn random_tensor<T: Element>(n: usize, seed: u64, device: Device) -> Result<Tens
             T::from_f64(sign * (0.5 + 1.5 * unit))
         })
         .collect();
-    Tensor::from_vec(data, [n], device)
+    Ok(Tensor::from_vec(data, [n], device)?)
 }
 
 fn random(dtype: DType, n: usize, seed: u64, device: Device) -> Result<Tensor> {
@@ -166,9 +161,9 @@ fn main() -> Result<()> {
                 time_ms(&dev, || {
                     let tape = Tape::new();
                     let (x, y, w) = (tape.var(t[0].clone()), tape.var(t[1].clone()), tape.var(t[2].clone()));
-                    let z = autograd::ops::add_mul(&x, &y, &w).map_err(into_host)?;
-                    tape.backward_with(&z, t[3].clone()).map_err(into_host)?;
-                    Ok(())
+                    let z = autograd::ops::add_mul(&x, &y, &w)?;
+                    tape.backward_with(&z, t[3].clone())?;
+                    Ok::<(), opsmith::Error>(())
                 })?,
             );
             for path in &extra_ptx {
@@ -205,12 +200,12 @@ fn main() -> Result<()> {
             &format!("{},{},{},{},{},{},{},{}\n", r.what, r.dtype, r.log2n, r.ms, r.bytes, gbs, gbs / copy_gbs, same);
     }
     let csv_path = out_dir.join("bandwidth.csv");
-    std::fs::write(&csv_path, csv).map_err(|e| opsmith::Error::InvalidArgument {
+    std::fs::write(&csv_path, csv).map_err(|e| opsmith::host::Error::InvalidArgument {
         op: "bandwidth",
         reason: format!("{}: {e}", csv_path.display()),
     })?;
     let svg_path = out_dir.join("bandwidth.svg");
-    plot(&svg_path, &rows, copy_gbs, &dev.name()?).map_err(|e| opsmith::Error::InvalidArgument {
+    plot(&svg_path, &rows, copy_gbs, &dev.name()?).map_err(|e| opsmith::host::Error::InvalidArgument {
         op: "bandwidth",
         reason: format!("plotting {}: {e}", svg_path.display()),
     })?;
@@ -248,7 +243,7 @@ fn other_ptx_rows(
     row: &mut impl FnMut(&str, f64, f64),
 ) -> Result<()> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| opsmith::Error::InvalidArgument { op: "bandwidth --ptx", reason: format!("{path}: {e}") })?;
+        .map_err(|e| opsmith::host::Error::InvalidArgument { op: "bandwidth --ptx", reason: format!("{path}: {e}") })?;
     let module = KernelModule::from_ptx(&device, path, &text)?;
     let names = if dtype == DType::F32 { opsmith::kernels::names::F32 } else { opsmith::kernels::names::F16 };
     let n = t[0].elem_count() as u64;
@@ -321,7 +316,8 @@ fn softmax_section(dev: &CudaDevice, device: Device, quick: bool, rows: &mut Vec
             if (r, c) == (4096, 4096) { &[DType::F32, DType::F16, DType::BF16] } else { &[DType::F32] };
         for &dtype in dtypes {
             let n = r * c;
-            let [x, mask, g] = [60, 61, 62].map(|seed| random(dtype, n, seed, device).and_then(|t| t.reshape([r, c])));
+            let [x, mask, g] =
+                [60, 61, 62].map(|seed| random(dtype, n, seed, device).and_then(|t| Ok(t.reshape([r, c])?)));
             let (x, mask, g) = (x?, mask?, g?);
             let y = ops::softmax(&x, scale, Some(&mask))?;
             let size = dtype.size_in_bytes() as f64;
@@ -428,16 +424,16 @@ fn small_tensor_overhead(dev: &CudaDevice, device: Device) -> Result<()> {
     let stream = dev.current_stream();
     let one_warp = LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 };
     // SAFETY: `spin_ns(ns: u64)` takes one 64-bit parameter and touches no memory.
-    let launch = per_call_us(&mut || unsafe { spin.launch(&stream, one_warp, &[KernelArg::U64(0)]) })?;
-    let fill = per_call_us(&mut || Tensor::full(1.0, [n], DType::F32, device).map(drop))?;
-    let into = per_call_us(&mut || ops::fused_mul_add_into(&t[0], &t[1], &t[2], &out))?;
-    let alloc = per_call_us(&mut || ops::fused_mul_add(&t[0], &t[1], &t[2]).map(drop))?;
+    let launch = per_call_us(&mut || Ok(unsafe { spin.launch(&stream, one_warp, &[KernelArg::U64(0)]) }?))?;
+    let fill = per_call_us(&mut || Ok(Tensor::full(1.0, [n], DType::F32, device).map(drop)?))?;
+    let into = per_call_us(&mut || Ok(ops::fused_mul_add_into(&t[0], &t[1], &t[2], &out)?))?;
+    let alloc = per_call_us(&mut || Ok(ops::fused_mul_add(&t[0], &t[1], &t[2]).map(drop)?))?;
     let step = per_call_us(&mut || {
         let tape = Tape::new();
         let (x, y, w) = (tape.var(t[0].clone()), tape.var(t[1].clone()), tape.var(t[2].clone()));
-        let z = autograd::ops::add_mul(&x, &y, &w).map_err(into_host)?;
-        let loss = autograd::ops::sum(&z).map_err(into_host)?;
-        tape.backward(&loss).map_err(into_host)?;
+        let z = autograd::ops::add_mul(&x, &y, &w)?;
+        let loss = autograd::ops::sum(&z)?;
+        tape.backward(&loss)?;
         Ok(())
     })?;
     println!("\nhost overhead at n = 1024, f32 (wall time per call, {ITER} calls, one synchronize):");

@@ -61,7 +61,7 @@ fn main() {
     #[cfg(feature = "cublas")]
     match cuda::require_cublas("matmul") {
         Ok(()) => println!("cuBLAS: loads (every matmul on CUDA is available)"),
-        Err(opsmith::Error::LibraryMissing { lib, fix, .. }) => {
+        Err(opsmith::host::Error::LibraryMissing { lib, fix, .. }) => {
             println!("cuBLAS: not found ({lib} could not be loaded)");
             if cuda::driver_available() {
                 problems.push((
@@ -82,7 +82,7 @@ fn main() {
     #[cfg(feature = "nccl")]
     match opsmith::host::dist::nccl_version() {
         Ok((major, minor, patch)) => println!("NCCL: {major}.{minor}.{patch} loads (multi-GPU collectives available)"),
-        Err(opsmith::Error::LibraryMissing { fix, .. }) => {
+        Err(opsmith::host::Error::LibraryMissing { fix, .. }) => {
             println!("NCCL: not loadable (only needed for several GPUs)");
             if cuda::driver_available() {
                 problems.push(("NCCL cannot be loaded, so opsmith::host::dist cannot run collectives".into(), fix));

@@ -22,8 +22,10 @@ fn main() -> Result<()> {
         return Ok(());
     };
     if let Some(path) = std::env::args().nth(1) {
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| opsmith::Error::InvalidArgument { op: "external_ptx", reason: format!("{path}: {e}") })?;
+        let text = std::fs::read_to_string(&path).map_err(|e| opsmith::host::Error::InvalidArgument {
+            op: "external_ptx",
+            reason: format!("{path}: {e}"),
+        })?;
         KernelModule::from_ptx(&device, &path, &text)?;
         let entries = text.lines().filter_map(|l| l.trim_start().strip_prefix(".visible .entry ")).count();
         println!("{path}: loaded on {device}, {entries} kernels");

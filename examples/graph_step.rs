@@ -98,7 +98,10 @@ fn tape_step(x: &Tensor, y: &Tensor, w: &Tensor) -> Result<[Tensor; 3]> {
     let grads = tape.backward(&loss)?;
     let grad = |v: &Var| {
         grads.get(v).cloned().ok_or_else(|| {
-            Error::from(opsmith::Error::InvalidArgument { op: "graph_step", reason: "a leaf got no gradient".into() })
+            Error::from(opsmith::host::Error::InvalidArgument {
+                op: "graph_step",
+                reason: "a leaf got no gradient".into(),
+            })
         })
     };
     Ok([grad(&xv)?, grad(&yv)?, grad(&wv)?])
@@ -153,7 +156,7 @@ fn assert_same(what: &str, eager: &[Tensor; 3], replayed: &[Tensor; 3]) -> Resul
     let (a, b) = (bits(&eager.each_ref())?, bits(&replayed.each_ref())?);
     if a != b {
         let differ = a.iter().zip(&b).filter(|(p, q)| p != q).count();
-        return Err(opsmith::Error::InvalidArgument {
+        return Err(opsmith::host::Error::InvalidArgument {
             op: "graph_step",
             reason: format!("{what}: the replay differs from the eager step in {differ} of {} values", a.len()),
         }
@@ -213,7 +216,7 @@ fn mlp_step(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<()> 
         graphed_losses.push(loss.to_vec::<f32>()?[0].to_bits());
     }
     if eager_losses != graphed_losses || eager.parameter_bits()? != graphed.parameter_bits()? {
-        return Err(opsmith::Error::InvalidArgument {
+        return Err(opsmith::host::Error::InvalidArgument {
             op: "graph_step",
             reason: "101 MLP steps: the replayed losses or parameters differ from the eager ones".into(),
         }

@@ -161,3 +161,25 @@ pub enum Error {
         reason: String,
     },
 }
+
+impl Error {
+    /// The host error inside, if this is one (a shape, dtype or device check, a launch, a
+    /// driver or library problem): what to match on for those.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Error, ops, Var};
+    /// use opsmith_host::{Device, Tensor};
+    /// let a = Var::constant(Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?);
+    /// let b = Var::constant(Tensor::from_vec(vec![1.0f32; 3], [3], Device::Cpu)?);
+    /// let err: Error = ops::add(&a, &b).unwrap_err();
+    /// assert!(matches!(err.host(), Some(opsmith_host::Error::ShapeMismatch { op: "add", .. })));
+    /// # Ok(()) }
+    /// ```
+    pub fn host(&self) -> Option<&opsmith_host::Error> {
+        match self {
+            Error::Host(e) => Some(e),
+            _ => None,
+        }
+    }
+}

@@ -20,7 +20,9 @@ impl Args {
     pub fn parse(device: Device) -> opsmith::Result<Args> {
         let args: Vec<String> = std::env::args().skip(1).collect();
         let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
-        let bad = |reason: String| opsmith::Error::InvalidArgument { op: "example flags", reason };
+        let bad = |reason: String| {
+            opsmith::Error::from(opsmith::host::Error::InvalidArgument { op: "example flags", reason })
+        };
         let quick = args.iter().any(|a| a == "--quick");
         let log2 = match value("--log2") {
             Some(v) => v.parse().ok().filter(|&l| l <= 30).ok_or_else(|| bad(format!("--log2 {v}: want 0..=30")))?,
@@ -75,7 +77,7 @@ pub fn describe(device: Device) -> opsmith::Result<String> {
 /// with every run queued before the GPU reaches it. On the CPU the ops are synchronous, so a
 /// wall clock is right there.
 #[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // `device` picks the clock on CUDA
-pub fn median_ms<E: From<opsmith::Error>>(
+pub fn median_ms<E: From<opsmith::host::Error>>(
     device: Device,
     reps: usize,
     mut f: impl FnMut() -> Result<(), E>,

@@ -21,7 +21,7 @@ fn values(rows: usize, cols: usize, phase: f32, dtype: DType, device: Device) ->
     let n = rows.max(1) * cols;
     let v: Vec<f32> = (0..n).map(|i| 3.0 * ((i % 9973) as f32 * 0.37 + phase).sin()).collect();
     let shape: Vec<usize> = if rows == 0 { vec![cols] } else { vec![rows, cols] };
-    Tensor::from_vec(v, shape, Device::Cpu)?.to_dtype(dtype)?.to_device(device)
+    Ok(Tensor::from_vec(v, shape, Device::Cpu)?.to_dtype(dtype)?.to_device(device)?)
 }
 
 fn main() -> Result<()> {
@@ -33,10 +33,6 @@ fn main() -> Result<()> {
     let dev = CudaDevice::get(0)?;
     let stream = dev.current_stream();
     let op = BiasGeluResidual;
-    let host = |e: opsmith::autograd::Error| match e {
-        opsmith::autograd::Error::Host(h) => h,
-        other => opsmith::Error::InvalidArgument { op: "bias_gelu bench", reason: other.to_string() },
-    };
     println!("{} ({} SMs)", dev.name()?, dev.sm_count());
     println!("| what | dtype | rows × cols | median µs | bytes moved | GB/s | % of copy | fused speed-up |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -55,14 +51,13 @@ fn main() -> Result<()> {
         let copy_us = 1e3 * time_runs(&stream, WARMUP, REPS, || copy.copy_from_(&x))?.median_ms();
         let copy_gbs = 2.0 * n * s / copy_us / 1e3;
 
-        let fused_fwd = time_runs(&stream, WARMUP, REPS, || op.cuda_forward(&[&x, &b, &r]).map(drop).map_err(host))?;
+        let fused_fwd = time_runs(&stream, WARMUP, REPS, || op.cuda_forward(&[&x, &b, &r]).map(drop))?;
         let composed_fwd =
             time_runs(&stream, WARMUP, REPS, || ops::add(&ops::gelu(&ops::add_row(&x, &b)?)?, &r).map(drop))?;
         // The composed backward needs z = x + b, which its forward would have kept.
         let z = ops::add_row(&x, &b)?;
-        let y = op.cuda_forward(&[&x, &b, &r]).map_err(host)?;
-        let fused_bwd =
-            time_runs(&stream, WARMUP, REPS, || op.cuda_backward(&[&x, &b, &r], &y, &g).map(drop).map_err(host))?;
+        let y = op.cuda_forward(&[&x, &b, &r])?;
+        let fused_bwd = time_runs(&stream, WARMUP, REPS, || op.cuda_backward(&[&x, &b, &r], &y, &g).map(drop))?;
         let composed_bwd = time_runs(&stream, WARMUP, REPS, || {
             let dz = ops::gelu_backward(&g, &z)?;
             ops::sum_rows(&dz).map(drop)

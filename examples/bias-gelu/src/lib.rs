@@ -7,7 +7,8 @@
 use bias_gelu_kernels as kernels;
 use opsmith::autograd::{CustomOp, Result};
 use opsmith::cuda::{Grid, KernelCrate};
-use opsmith::{DType, Error, Tensor};
+use opsmith::host::Error;
+use opsmith::{DType, Tensor};
 
 mod cpu;
 

@@ -32,7 +32,7 @@ fn main() -> Result<()> {
     let device = Device::cuda_if_available();
     if device.is_cuda() {
         let x: Vec<Tensor> =
-            inputs(4, 6, DType::F32)?.iter().map(|t| t.to_device(device)).collect::<opsmith::Result<_>>()?;
+            inputs(4, 6, DType::F32)?.iter().map(|t| t.to_device(device)).collect::<opsmith::host::Result<_>>()?;
         let report = gradcheck(f, &x, &GradcheckOptions::for_dtype(DType::F32))?;
         println!("cuda f32 gradcheck: {} elements, max |error| {:.2e}", report.checked, report.max_abs_error);
         for dtype in [DType::F32, DType::F16, DType::BF16] {

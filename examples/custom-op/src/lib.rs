@@ -11,7 +11,8 @@ use filter3x3_kernels as kernels;
 use opsmith::autograd::onnx::{Attribute, Function};
 use opsmith::autograd::{CustomOp, Result};
 use opsmith::cuda::{Grid, KernelCrate};
-use opsmith::{DType, Device, Error, Tensor};
+use opsmith::host::Error;
+use opsmith::{DType, Device, Tensor};
 
 mod cpu;
 
