@@ -77,3 +77,34 @@ fn missing_cuda_halves_are_errors() -> Result<()> {
     }
     Ok(())
 }
+
+/// A model traced on the GPU exports the same ONNX model as on the CPU: the initializers are
+/// read back from the device, and the graph does not depend on where the ops ran.
+#[test]
+fn onnx_export_from_cuda_equals_export_from_cpu() -> Result<()> {
+    use opsmith_autograd::nn::{Activation, Mlp};
+    use opsmith_autograd::onnx::{Model, Tracer};
+    use opsmith_autograd::{Var, no_grad};
+    let export = |device: Device| -> Result<(Model, Vec<f32>)> {
+        let _off = no_grad();
+        let mlp = Mlp::new(&Tape::new(), &[3, 16, 4], Activation::Gelu, DType::F32, device, 5)?;
+        let x = Var::constant(inputs(&[&[8, 3]], DType::F32, device, 9)?.remove(0));
+        let mut tracer = Tracer::new("mlp")?.dynamic_batch("batch");
+        tracer.input("x", &x)?;
+        for (name, p) in mlp.named_parameters() {
+            tracer.name(&p, &name)?;
+        }
+        let y = ops::softmax(&mlp.forward(&x)?, 0.5, None)?;
+        tracer.output("y", &y)?;
+        Ok((tracer.finish()?, y.value().to_vec::<f32>()?))
+    };
+    let (on_gpu, y_gpu) = export(GPU)?;
+    let (on_cpu, y_cpu) = export(Device::Cpu)?;
+    assert_eq!(on_gpu.to_bytes(), on_cpu.to_bytes());
+    assert_eq!(on_gpu.op_types(), ["MatMul", "Add", "Gelu", "MatMul", "Add", "ScaledSoftmax"]);
+    // The ops ran on the GPU while being traced.
+    for (g, c) in y_gpu.iter().zip(&y_cpu) {
+        assert!((g - c).abs() <= 1e-5, "{g} vs {c}");
+    }
+    Ok(())
+}
