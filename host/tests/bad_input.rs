@@ -137,7 +137,7 @@ fn invalid_block_size() {
 #[test]
 fn partial_overlap_of_output_and_input() {
     let buf = t(&B, DType::F32);
-    let (lo, hi) = (buf.narrow(0, 3).unwrap(), buf.narrow(1, 3).unwrap());
+    let (lo, hi) = (buf.flat_slice(0, 3).unwrap(), buf.flat_slice(1, 3).unwrap());
     let err = ops::mul_into(&lo, &lo, &hi).unwrap_err();
     assert!(matches!(err, Error::Overlap { op: "mul", output: 0 }), "{err}");
     unchanged(&buf, &B);
@@ -146,7 +146,7 @@ fn partial_overlap_of_output_and_input() {
 #[test]
 fn out_of_range_view_and_wrong_element_type() {
     let a = t(&A, DType::F16);
-    assert!(matches!(a.narrow(1, 5), Err(Error::OutOfRange { op: "Tensor::narrow", start: 1, end: 6, len: 3 })));
+    assert!(matches!(a.flat_slice(1, 5), Err(Error::OutOfRange { op: "Tensor::narrow", start: 1, end: 6, len: 3 })));
     assert!(matches!(a.to_vec::<f32>(), Err(Error::ElementType { requested: DType::F32, actual: DType::F16, .. })));
     assert!(matches!(
         Tensor::from_vec(vec![1.0f32; 5], [2, 2], Device::Cpu),

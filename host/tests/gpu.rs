@@ -64,7 +64,7 @@ fn views_at_odd_offsets_are_unaligned() -> Result<()> {
         let t = Tensor::zeros([64], dtype, GPU)?;
         let base = t.device_address().unwrap();
         assert_eq!(base % 16, 0, "allocations are 16-byte aligned");
-        let view = t.narrow(1, 8)?;
+        let view = t.flat_slice(1, 8)?;
         assert_eq!(view.device_address().unwrap(), base + dtype.size_in_bytes() as u64);
     }
     Ok(())
@@ -145,7 +145,7 @@ fn third_party_ptx_module() -> Result<()> {
     let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
     let xt = Tensor::from_vec(x.clone(), [n], GPU)?;
     let y = Tensor::full(f64::NAN, [n + 3], DType::F32, GPU)?;
-    let y_view = y.narrow(1, n)?;
+    let y_view = y.flat_slice(1, n)?;
     let cfg = LaunchConfig { grid: (n as u32).div_ceil(128), block: 128, shared_mem_bytes: 0 };
     let len = opsmith_host::cuda::len_as_u32("scale_f32", n)?;
     // SAFETY: scale_f32(const float* x, float* y, float a, u32 n) touches n elements of each.
@@ -194,7 +194,7 @@ fn typed_launches() -> Result<()> {
     let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
     let xt = Tensor::from_vec(x.clone(), [n], GPU)?;
     let y = Tensor::full(f64::NAN, [n + 3], DType::F32, GPU)?;
-    let y_view = y.narrow(1, n)?;
+    let y_view = y.flat_slice(1, n)?;
     SCALE.launch(scale_f32, Grid::covering(n as u64).with_block(128), (&xt, &y_view, -3.0, n as u32))?;
     let got = y.to_vec::<f32>()?;
     assert!(got[0].is_nan() && got[n + 1].is_nan() && got[n + 2].is_nan(), "wrote outside the view");

@@ -84,14 +84,14 @@ fn optimizers_cuda_match_cpu_bitwise() -> Result<()> {
         let (p0, buf0) = (init(&mut rng), init(&mut rng));
         let state = |device: Device| -> Result<(Tensor, Tensor)> {
             // An odd offset: unaligned for the vector loads.
-            Ok((tensor(&p0, dtype, device)?.narrow(1, n - 1)?, tensor(&buf0, dtype, device)?.narrow(1, n - 1)?))
+            Ok((tensor(&p0, dtype, device)?.flat_slice(1, n - 1)?, tensor(&buf0, dtype, device)?.flat_slice(1, n - 1)?))
         };
         let ((p_cpu, b_cpu), (p_gpu, b_gpu)) = (state(Device::Cpu)?, state(GPU)?);
         for t in 0..STEPS {
             let g = init(&mut rng);
             let buf = |b| (step.momentum > 0.0).then_some(b);
-            ops::sgd_step(&p_cpu, &tensor(&g, dtype, Device::Cpu)?.narrow(0, n - 1)?, buf(&b_cpu), &step)?;
-            ops::sgd_step(&p_gpu, &tensor(&g, dtype, GPU)?.narrow(0, n - 1)?, buf(&b_gpu), &step)?;
+            ops::sgd_step(&p_cpu, &tensor(&g, dtype, Device::Cpu)?.flat_slice(0, n - 1)?, buf(&b_cpu), &step)?;
+            ops::sgd_step(&p_gpu, &tensor(&g, dtype, GPU)?.flat_slice(0, n - 1)?, buf(&b_gpu), &step)?;
             same(&format!("sgd {step:?} step {t} param"), &p_cpu, &p_gpu)?;
             same(&format!("sgd {step:?} step {t} buf"), &b_cpu, &b_gpu)?;
         }

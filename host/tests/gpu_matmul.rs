@@ -66,7 +66,7 @@ fn unaligned_operands_and_outputs() -> Result<()> {
                 let a = operand(&a_values, &d.a_dims(ta), offset, dtype, GPU)?;
                 let b = operand(&b_values, &d.b_dims(tb), 2 * offset + 1, dtype, GPU)?;
                 let out_buf = Tensor::full(f64::NAN, [d.m * d.n + offset], dtype, GPU)?;
-                let out = out_buf.narrow(offset, d.m * d.n)?.reshape(d.out_dims())?;
+                let out = out_buf.flat_slice(offset, d.m * d.n)?.reshape(d.out_dims())?;
                 for t in [&a, &b, &out] {
                     assert_ne!(t.device_address().unwrap() % 16, 0, "the view must be unaligned");
                 }

@@ -210,7 +210,7 @@ fn collective_operand_errors() -> Result<()> {
     let cpu = Tensor::full(1.0, [8], DType::F32, Device::Cpu)?;
     let err = comm.all_reduce_mean_(&[&gpu, &cpu]).unwrap_err();
     assert!(matches!(err, Error::DeviceMismatch { op: "all_reduce_mean_", lhs: GPU, rhs: Device::Cpu }), "{err}");
-    let err = comm.all_reduce_sum_(&[&gpu, &gpu.narrow(2, 4)?]).unwrap_err();
+    let err = comm.all_reduce_sum_(&[&gpu, &gpu.flat_slice(2, 4)?]).unwrap_err();
     assert!(matches!(err, Error::Overlap { op: "all_reduce_sum_", output: 1 }), "{err}");
     let err = comm.broadcast_(&gpu, 1).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument { op: "broadcast_", .. }), "{err}");
@@ -230,7 +230,7 @@ fn copies_between_gpus_are_bitwise_exact() -> Result<()> {
     for dtype in DTYPES {
         let xs = random_values(&mut rng, N + 3, dtype);
         let whole = tensor(&xs, dtype, GPU)?;
-        for src in [whole.clone(), whole.narrow(3, N)?] {
+        for src in [whole.clone(), whole.flat_slice(3, N)?] {
             let there = src.to_device(Device::Cuda(1))?;
             assert_eq!(there.device(), Device::Cuda(1));
             let back = there.to_device(GPU)?;

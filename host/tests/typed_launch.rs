@@ -63,9 +63,9 @@ fn lengths_are_checked_against_the_declared_expressions() {
 #[test]
 fn outputs_overlap_only_what_the_kernel_allows() {
     let whole = ramp(16, DType::F32);
-    let (a, b) = (whole.narrow(0, 8).unwrap(), whole.narrow(8, 8).unwrap());
+    let (a, b) = (whole.flat_slice(0, 8).unwrap(), whole.flat_slice(8, 8).unwrap());
     // Half of `out` is `a`: a partial overlap.
-    let out = whole.narrow(4, 8).unwrap();
+    let out = whole.flat_slice(4, 8).unwrap();
     let err = cuda::launch(names::F32.add, Grid::stride(8), (&a, &b, &out, 8)).unwrap_err();
     assert!(matches!(err, Error::Overlap { op: "add_f32", output: 0 }), "{err:?}");
 
@@ -78,7 +78,7 @@ fn outputs_overlap_only_what_the_kernel_allows() {
 
     // Without `#[in_place]`, an output may not be an input at all.
     let x = ramp(12, DType::F32);
-    let y = x.narrow(0, 3).unwrap();
+    let y = x.flat_slice(0, 3).unwrap();
     let err = TEST_KERNELS.launch(row_sums_f32, Grid::stride(3), (&x, &y, 3, 4)).unwrap_err();
     assert!(matches!(err, Error::Overlap { op: "row_sums_f32", output: 0 }), "{err:?}");
 }

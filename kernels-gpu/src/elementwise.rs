@@ -19,7 +19,11 @@ macro_rules! elementwise_family {
             add_mul_backward: $add_mul_bwd:ident,
             add_mul_backward_uniform: $add_mul_bwd_uniform:ident,
             add_mul_backward_split: $add_mul_bwd_split:ident,
-            add_mul_backward_split_uniform: $add_mul_bwd_split_uniform:ident $(,)?
+            add_mul_backward_split_uniform: $add_mul_bwd_split_uniform:ident,
+            strided_copy: $strided_copy:ident,
+            to_f32: $to_f32:ident,
+            to_f16: $to_f16:ident,
+            to_bf16: $to_bf16:ident $(,)?
         }
     ) => {
         $(#[$table_doc])*
@@ -36,6 +40,10 @@ macro_rules! elementwise_family {
             add_mul_backward_uniform: $add_mul_bwd_uniform,
             add_mul_backward_split: $add_mul_bwd_split,
             add_mul_backward_split_uniform: $add_mul_bwd_split_uniform,
+            strided_copy: $strided_copy,
+            to_f32: $to_f32,
+            to_f16: $to_f16,
+            to_bf16: $to_bf16,
         };
 
         crate::kernel! {
@@ -309,6 +317,96 @@ macro_rules! elementwise_family {
                 }
             }
         }
+
+        crate::kernel! {
+            /// Copies `n` elements between two strided layouts of one shape of rank 6 (`d0..d5`,
+            /// leading dims 1 for a lower rank): element `(i0, …, i5)` goes from
+            /// `src[Σ ik·sk]` to `dst[Σ ik·tk]`. With the right strides this is a transpose or
+            /// permutation (`src` strided, `dst` contiguous), a narrow along a dim, or one
+            /// input's place in a concatenation (`dst` strided). Offsets at or past a buffer's
+            /// length are skipped, so bad strides cannot read or write out of bounds.
+            ///
+            /// # Safety
+            /// `src` is valid for `src_len` elements and `dst` for `dst_len`, both aligned to the
+            /// element type; they do not overlap; `n = d0·…·d5`.
+            pub unsafe fn $strided_copy(
+                src: *const [$elem; src_len],
+                dst: *mut [$elem; dst_len],
+                n: u64,
+                src_len: u64,
+                dst_len: u64,
+                d0: u64, d1: u64, d2: u64, d3: u64, d4: u64, d5: u64,
+                s0: u64, s1: u64, s2: u64, s3: u64, s4: u64, s5: u64,
+                t0: u64, t1: u64, t2: u64, t3: u64, t4: u64, t5: u64,
+            ) {
+                use core::num::NonZeroU64;
+                let dims = [d0, d1, d2, d3, d4, d5];
+                let (src_strides, dst_strides) = ([s0, s1, s2, s3, s4, s5], [t0, t1, t2, t3, t4, t5]);
+                // A zero dim means nothing to copy (and would be a division by zero below).
+                let mut divisors = [NonZeroU64::MIN; 6];
+                for k in 0..6 {
+                    match NonZeroU64::new(dims[k]) {
+                        Some(d) => divisors[k] = d,
+                        None => return,
+                    }
+                }
+                for i in crate::device::index::GridStride::over(0, n) {
+                    let (mut rest, mut from, mut to) = (i, 0u64, 0u64);
+                    for k in (0..6).rev() {
+                        let index = rest % divisors[k];
+                        rest /= divisors[k];
+                        from += index * src_strides[k];
+                        to += index * dst_strides[k];
+                    }
+                    if from < src_len && to < dst_len {
+                        // SAFETY: both offsets are inside their buffers (checked just above).
+                        unsafe { dst.add(to as usize).write(src.add(from as usize).read()) };
+                    }
+                }
+            }
+        }
+
+        crate::kernel! {
+            /// `out[i] = x[i]` as f32 for `i < n` (exact: every value widens exactly).
+            ///
+            /// # Safety
+            /// `x` and `out` are valid for `n` elements, aligned, and do not overlap.
+            pub unsafe fn $to_f32(x: *const [$elem; n], out: *mut [f32; n], n: u64) {
+                use crate::device::element::Element;
+                for i in crate::device::index::GridStride::over(0, n) {
+                    // SAFETY: i < n.
+                    unsafe { out.add(i as usize).write(x.add(i as usize).read().to_f32()) };
+                }
+            }
+        }
+
+        crate::kernel! {
+            /// `out[i] = x[i]` rounded to f16 (nearest even) for `i < n`.
+            ///
+            /// # Safety
+            /// `x` and `out` are valid for `n` elements, aligned, and do not overlap.
+            pub unsafe fn $to_f16(x: *const [$elem; n], out: *mut [crate::dtype::F16; n], n: u64) {
+                use crate::device::element::Element;
+                for i in crate::device::index::GridStride::over(0, n) {
+                    // SAFETY: i < n.
+                    unsafe { out.add(i as usize).write(crate::dtype::F16::from_f32(x.add(i as usize).read().to_f32())) };
+                }
+            }
+        }
+
+        crate::kernel! {
+            /// `out[i] = x[i]` rounded to bf16 (nearest even) for `i < n`.
+            ///
+            /// # Safety
+            /// `x` and `out` are valid for `n` elements, aligned, and do not overlap.
+            pub unsafe fn $to_bf16(x: *const [$elem; n], out: *mut [crate::dtype::Bf16; n], n: u64) {
+                use crate::device::element::Element;
+                for i in crate::device::index::GridStride::over(0, n) {
+                    // SAFETY: i < n.
+                    unsafe { out.add(i as usize).write(crate::dtype::Bf16::from_f32(x.add(i as usize).read().to_f32())) };
+                }
+            }
+        }
     };
 }
 
@@ -326,6 +424,10 @@ elementwise_family! {
         add_mul_backward_uniform: add_mul_backward_uniform_f32,
         add_mul_backward_split: add_mul_backward_split_f32,
         add_mul_backward_split_uniform: add_mul_backward_split_uniform_f32,
+        strided_copy: strided_copy_f32,
+        to_f32: f32_to_f32,
+        to_f16: f32_to_f16,
+        to_bf16: f32_to_bf16,
     }
 }
 
@@ -343,6 +445,10 @@ elementwise_family! {
         add_mul_backward_uniform: add_mul_backward_uniform_f16,
         add_mul_backward_split: add_mul_backward_split_f16,
         add_mul_backward_split_uniform: add_mul_backward_split_uniform_f16,
+        strided_copy: strided_copy_f16,
+        to_f32: f16_to_f32,
+        to_f16: f16_to_f16,
+        to_bf16: f16_to_bf16,
     }
 }
 
@@ -360,5 +466,9 @@ elementwise_family! {
         add_mul_backward_uniform: add_mul_backward_uniform_bf16,
         add_mul_backward_split: add_mul_backward_split_bf16,
         add_mul_backward_split_uniform: add_mul_backward_split_uniform_bf16,
+        strided_copy: strided_copy_bf16,
+        to_f32: bf16_to_f32,
+        to_f16: bf16_to_f16,
+        to_bf16: bf16_to_bf16,
     }
 }

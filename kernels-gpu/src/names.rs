@@ -50,6 +50,39 @@ pub struct ElementwiseKernels {
     pub add_mul_backward_split: KernelDecl<(In, In, In, In, Out, Out, Out, u64)>,
     /// As `add_mul_backward_split` for a scalar `g`, the same in every element.
     pub add_mul_backward_split_uniform: KernelDecl<(In, In, In, Out, Out, Out, f32, u64)>,
+    /// A copy between strided layouts of one rank-6 shape: transposes, narrows, concatenations.
+    #[allow(clippy::type_complexity)]
+    pub strided_copy: KernelDecl<(
+        In,
+        Out,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+    )>,
+    /// `out = x` as f32.
+    pub to_f32: KernelDecl<(In, Out, u64)>,
+    /// `out = x` rounded to f16.
+    pub to_f16: KernelDecl<(In, Out, u64)>,
+    /// `out = x` rounded to bf16.
+    pub to_bf16: KernelDecl<(In, Out, u64)>,
 }
 
 impl ElementwiseKernels {
@@ -59,7 +92,7 @@ impl ElementwiseKernels {
     /// let all = opsmith_kernels::names::F32.all();
     /// assert!(all.contains(&"add_mul_backward_f32"));
     /// ```
-    pub const fn all(&self) -> [&'static str; 11] {
+    pub const fn all(&self) -> [&'static str; 15] {
         [
             self.add.name(),
             self.sub.name(),
@@ -72,6 +105,10 @@ impl ElementwiseKernels {
             self.add_mul_backward_uniform.name(),
             self.add_mul_backward_split.name(),
             self.add_mul_backward_split_uniform.name(),
+            self.strided_copy.name(),
+            self.to_f32.name(),
+            self.to_f16.name(),
+            self.to_bf16.name(),
         ]
     }
 }

@@ -133,7 +133,7 @@ fn cuda_unaligned_views_take_the_scalar_path() {
     let x_odd =
         Tensor::from_vec(f64s(&x).into_iter().map(|v| v as f32).collect::<Vec<_>>(), [1024], Device::Cpu).unwrap();
     let padded = Tensor::from_vec([vec![7.0f32], x_odd.to_vec::<f32>().unwrap()].concat(), [1025], device).unwrap();
-    let view = padded.narrow(1, 1024).unwrap().reshape([16, 64]).unwrap();
+    let view = padded.flat_slice(1, 1024).unwrap().reshape([16, 64]).unwrap();
     let op = op();
     let (bd, rd) = (b.to_device(device).unwrap(), r.to_device(device).unwrap());
     let unaligned = f64s(&op.cuda_forward(&[&view, &bd, &rd]).unwrap());

@@ -35,6 +35,7 @@ mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod elementwise;
+pub(crate) mod layout;
 mod loss;
 mod matmul;
 mod optim;
@@ -282,7 +283,7 @@ pub fn fused_mul_add(a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
 /// assert_eq!(d.to_vec::<f32>()?, [6.0, 12.0]);
 /// // An output may be exactly an input (in place), but may not partly overlap one.
 /// let buf = Tensor::zeros([3], DType::F32, Device::Cpu)?;
-/// let (head, tail) = (buf.narrow(0, 2)?, buf.narrow(1, 2)?);
+/// let (head, tail) = (buf.flat_slice(0, 2)?, buf.flat_slice(1, 2)?);
 /// let overlap = ops::fused_mul_add_into(&head, &head, &head, &tail);
 /// assert!(matches!(overlap, Err(opsmith_host::Error::Overlap { op: "fused_mul_add", output: 0 })));
 /// # Ok(()) }

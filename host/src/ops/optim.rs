@@ -445,7 +445,7 @@ impl AdamState {
             }
             // The learning rate is the last of the four values.
             #[cfg(feature = "cuda")]
-            Place::Cuda { progress, .. } => progress.narrow(3, 1)?.write_values(&[lr]),
+            Place::Cuda { progress, .. } => progress.flat_slice(3, 1)?.write_values(&[lr]),
         }
     }
 

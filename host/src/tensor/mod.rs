@@ -7,6 +7,7 @@
 //! assert_eq!((t.dims(), t.dtype(), t.device()), (&[2, 3][..], DType::BF16, Device::Cpu));
 //! # Ok(()) }
 //! ```
+mod layout;
 mod operators;
 mod shape;
 #[doc(hidden)]
@@ -25,7 +26,7 @@ use storage::{CpuBuffer, Storage, StorageData};
 /// An n-dimensional array that owns (or shares) memory on one device.
 ///
 /// A tensor is always contiguous and row-major: it is a shape over a contiguous run of elements
-/// of its storage, starting at an offset. Cloning a `Tensor`, [`Tensor::narrow`] and
+/// of its storage, starting at an offset. Cloning a `Tensor`, [`Tensor::flat_slice`] and
 /// [`Tensor::reshape`] share the memory; [`Tensor::copy`] and [`Tensor::to_device`] copy it.
 /// Because every tensor is contiguous, no op needs to check or fix strides; an `ndarray` input
 /// in another layout is copied into row-major order by [`Tensor::from_array`].
@@ -34,7 +35,7 @@ use storage::{CpuBuffer, Storage, StorageData};
 /// # fn main() -> opsmith_host::Result<()> {
 /// use opsmith_host::{Device, Tensor};
 /// let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), [2, 3], Device::Cpu)?;
-/// let tail = t.narrow(1, 4)?; // elements 1..5, sharing t's memory
+/// let tail = t.flat_slice(1, 4)?; // elements 1..5, sharing t's memory
 /// assert_eq!(tail.to_vec::<f32>()?, [1.0, 2.0, 3.0, 4.0]);
 /// assert!(tail.shares_storage(&t));
 /// # Ok(()) }
@@ -362,7 +363,7 @@ impl Tensor {
     /// # fn main() -> opsmith_host::Result<()> {
     /// use opsmith_host::{DType, Device, Tensor};
     /// let t = Tensor::zeros([10], DType::F32, Device::Cpu)?;
-    /// assert_eq!(t.narrow(3, 4)?.offset(), 3);
+    /// assert_eq!(t.flat_slice(3, 4)?.offset(), 3);
     /// # Ok(()) }
     /// ```
     pub fn offset(&self) -> usize {
@@ -408,15 +409,15 @@ impl Tensor {
     /// # fn main() -> opsmith_host::Result<()> {
     /// use opsmith_host::{Device, Tensor};
     /// let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), [2, 3], Device::Cpu)?;
-    /// assert_eq!(t.narrow(2, 3)?.to_vec::<f32>()?, [2.0, 3.0, 4.0]);
-    /// assert!(t.narrow(4, 3).is_err()); // past the end: Error::OutOfRange
+    /// assert_eq!(t.flat_slice(2, 3)?.to_vec::<f32>()?, [2.0, 3.0, 4.0]);
+    /// assert!(t.flat_slice(4, 3).is_err()); // past the end: Error::OutOfRange
     /// # Ok(()) }
     /// ```
-    pub fn narrow(&self, start: usize, len: usize) -> Result<Tensor> {
+    pub fn flat_slice(&self, start: usize, len: usize) -> Result<Tensor> {
         let n = self.elem_count();
         let end = start.checked_add(len).filter(|&e| e <= n);
         let Some(_) = end else {
-            return Err(Error::OutOfRange { op: "Tensor::narrow", start, end: start.saturating_add(len), len: n });
+            return Err(Error::OutOfRange { op: "Tensor::flat_slice", start, end: start.saturating_add(len), len: n });
         };
         Ok(Tensor { offset: self.offset + start, shape: Shape::from(vec![len]), ..self.clone() })
     }
@@ -573,7 +574,8 @@ impl Tensor {
     }
 
     /// The values converted to `dtype` (rounded to nearest even), as a new tensor on the same
-    /// device. Goes through host memory.
+    /// device. On CUDA, between f32, f16 and bf16, one kernel; conversions to or from f64 (and
+    /// every conversion on the CPU) go through host memory.
     ///
     /// ```
     /// # fn main() -> opsmith_host::Result<()> {
@@ -584,6 +586,30 @@ impl Tensor {
     /// # Ok(()) }
     /// ```
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if self.device.is_cuda() {
+            use opsmith_kernels::names;
+            let table = match self.dtype {
+                DType::F32 => Some(names::F32),
+                DType::F16 => Some(names::F16),
+                DType::BF16 => Some(names::BF16),
+                DType::F64 => None,
+            };
+            let kernel = table.and_then(|t| match dtype {
+                DType::F32 => Some(t.to_f32),
+                DType::F16 => Some(t.to_f16),
+                DType::BF16 => Some(t.to_bf16),
+                DType::F64 => None,
+            });
+            if let Some(kernel) = kernel {
+                let out = Tensor::empty(self.shape.clone(), dtype, self.device)?;
+                let n = self.elem_count() as u64;
+                if n > 0 {
+                    crate::cuda::launch(kernel, crate::cuda::Grid::stride(n), (self, &out, n))?;
+                }
+                return Ok(out);
+            }
+        }
         let values: Vec<f64> =
             with_element_type!(self.dtype, T => self.to_vec::<T>()?.into_iter().map(T::to_f64).collect());
         with_element_type!(dtype, U => Tensor::from_vec(values.into_iter().map(U::from_f64).collect::<Vec<U>>(), self.shape.clone(), self.device))
@@ -596,7 +622,7 @@ impl Tensor {
     /// # fn main() -> opsmith_host::Result<()> {
     /// use opsmith_host::{DType, Device, Tensor};
     /// let t = Tensor::zeros([4], DType::F32, Device::Cpu)?;
-    /// t.narrow(1, 2)?.fill_(7.0)?;
+    /// t.flat_slice(1, 2)?.fill_(7.0)?;
     /// assert_eq!(t.to_vec::<f32>()?, [0.0, 7.0, 7.0, 0.0]);
     /// # Ok(()) }
     /// ```
@@ -709,7 +735,7 @@ impl Tensor {
     /// use opsmith_host::{DType, Device, Tensor};
     /// let t = Tensor::zeros([16], DType::F32, Device::cuda_if_available())?;
     /// match t.device_address() {
-    ///     Some(address) => assert_eq!(t.narrow(1, 4)?.device_address(), Some(address + 4)),
+    ///     Some(address) => assert_eq!(t.flat_slice(1, 4)?.device_address(), Some(address + 4)),
     ///     None => assert_eq!(t.device(), Device::Cpu),
     /// }
     /// # Ok(()) }

@@ -121,7 +121,7 @@ pub fn assert_close(got: &[f64], reference: &[f64], scale: &[f64], dtype: DType,
 pub fn operand(values: &[f64], dims: &[usize], offset: usize, dtype: DType, device: Device) -> Result<Tensor> {
     let mut data = vec![1.0; offset];
     data.extend_from_slice(values);
-    tensor(&data, dtype, device)?.narrow(offset, values.len())?.reshape(dims.to_vec())
+    tensor(&data, dtype, device)?.flat_slice(offset, values.len())?.reshape(dims.to_vec())
 }
 
 /// `matmul`/`matmul_t` (functional), whichever the flags call for.
@@ -300,7 +300,7 @@ pub fn matmul_errors(device: Device) -> Result<()> {
     }
     // A disjoint view of the same buffer is a fine output.
     let buf = t(&[2 * 3 + 2 * 4], DType::F32)?;
-    let (lhs, dst) = (buf.narrow(0, 6)?.reshape([2, 3])?, buf.narrow(6, 8)?.reshape([2, 4])?);
+    let (lhs, dst) = (buf.flat_slice(0, 6)?.reshape([2, 3])?, buf.flat_slice(6, 8)?.reshape([2, 4])?);
     ops::matmul_into(&lhs, &b, &dst)?;
     let (expected, scale) = reference(&values(&lhs)?, false, &values(&b)?, false, Dims::new(2, 3, 4));
     assert_close(&values(&dst)?, &expected, &scale, DType::F32, 3, "disjoint view of the input's buffer");

@@ -258,7 +258,7 @@ pub fn padded_view(n: usize, offset: usize, fill: f64, dtype: DType, device: Dev
     let mut data = vec![SENTINEL; offset + n + 2];
     data[offset..offset + n].iter_mut().for_each(|v| *v = fill);
     let whole = tensor(&data, dtype, device)?;
-    let view = whole.narrow(offset, n)?;
+    let view = whole.flat_slice(offset, n)?;
     Ok((whole, view))
 }
 
@@ -282,7 +282,7 @@ pub fn check_op(device: Device, op: Op, dtype: DType, n: usize, offset: usize, s
         let mut data = vec![1.0; off];
         data.extend_from_slice(v);
         let whole = tensor(&data, dtype, device)?;
-        inputs.push(whole.narrow(off, n)?);
+        inputs.push(whole.flat_slice(off, n)?);
         input_bufs.push(whole);
     }
     let mut out_bufs = Vec::new();
@@ -385,7 +385,7 @@ pub fn in_place_output(device: Device) -> Result<()> {
 /// Views share memory with their tensor; `copy` does not.
 pub fn views_share_memory(device: Device) -> Result<()> {
     let t = tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], DType::F32, device)?.reshape([2, 3])?;
-    let view = t.narrow(2, 3)?;
+    let view = t.flat_slice(2, 3)?;
     let copy = t.copy()?;
     assert!(view.shares_storage(&t));
     assert!(!copy.shares_storage(&t));
@@ -411,6 +411,38 @@ pub fn conversions(device: Device) -> Result<()> {
     let back = h.to_device(Device::Cpu)?;
     assert_eq!(back.device(), Device::Cpu);
     assert_eq!(values(&back)?, [1.0, -2.5, 3.25, 4.0]);
+
+    // Every pair of dtypes, with values that round (ties both ways, overflow, subnormals, NaN,
+    // -0): on `device` the same values as the host's conversion through f64 (the half crate).
+    let tricky = [
+        1.0,
+        -2.5,
+        1.0 + 2f64.powi(-11),
+        1.0 + 3.0 * 2f64.powi(-11),
+        1.0 + 2f64.powi(-8),
+        65520.0,
+        -1e6,
+        3.0e-6,
+        1e-8,
+        2f64.powi(-130),
+        f64::INFINITY,
+        f64::NAN,
+        0.1,
+        -0.0,
+    ];
+    for from in DTYPES {
+        let src = Tensor::from_f64(&tricky, vec![tricky.len()], from, Device::Cpu)?;
+        for to in DTYPES {
+            let want = src.to_dtype(to)?.to_vec_f64()?;
+            let converted = src.to_device(device)?.to_dtype(to)?;
+            assert_eq!((converted.dtype(), converted.device()), (to, device));
+            let got = converted.to_vec_f64()?;
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                let same = (g.is_nan() && w.is_nan()) || (g == w && g.is_sign_negative() == w.is_sign_negative());
+                assert!(same, "{from} -> {to} on {device}: element {k} ({}): {g}, the host gives {w}", tricky[k]);
+            }
+        }
+    }
     Ok(())
 }
 
@@ -431,12 +463,12 @@ pub fn operand_errors(device: Device) -> Result<()> {
     assert!(matches!(ops::add_into(&a, &a, &out), Err(Error::DTypeMismatch { op: "add", .. })));
     // Partial overlap between an output and an input.
     let buf = tensor(&[1.0, 2.0, 3.0, 4.0], DType::F32, device)?;
-    let (lo, hi) = (buf.narrow(0, 3)?, buf.narrow(1, 3)?);
+    let (lo, hi) = (buf.flat_slice(0, 3)?, buf.flat_slice(1, 3)?);
     assert!(matches!(ops::add_into(&lo, &lo, &hi), Err(Error::Overlap { op: "add", output: 0 })));
     // Two outputs that overlap.
     let g = tensor(&[1.0, 2.0, 3.0], DType::F32, device)?;
     let outs = Tensor::zeros([4], DType::F32, device)?;
-    let (o1, o2) = (outs.narrow(0, 3)?, outs.narrow(1, 3)?);
+    let (o1, o2) = (outs.flat_slice(0, 3)?, outs.flat_slice(1, 3)?);
     assert!(matches!(
         ops::add_mul_backward_into(&g, &g, &g, &g, &o1, &o2),
         Err(Error::Overlap { op: "add_mul_backward", output: 1 })
@@ -449,7 +481,7 @@ pub fn operand_errors(device: Device) -> Result<()> {
         Tensor::from_vec(vec![1.0f32; 5], [2, 3], device),
         Err(Error::ElementCount { expected: 6, actual: 5, .. })
     ));
-    assert!(matches!(a.narrow(2, 2), Err(Error::OutOfRange { start: 2, end: 4, len: 3, .. })));
+    assert!(matches!(a.flat_slice(2, 2), Err(Error::OutOfRange { start: 2, end: 4, len: 3, .. })));
     assert!(matches!(a.reshape([2, 2]), Err(Error::ElementCount { .. })));
     assert!(matches!(a.to_vec::<f64>(), Err(Error::ElementType { requested: DType::F64, actual: DType::F32, .. })));
     assert!(matches!(Tensor::zeros([usize::MAX, 2], DType::F32, device), Err(Error::TooLarge { .. })));
@@ -565,6 +597,10 @@ macro_rules! shared_cases {
         #[test]
         fn sub_against_f64() -> opsmith_host::Result<()> {
             common::op_against_f64($device, common::Op::Sub)
+        }
+        #[test]
+        fn layout_ops_against_index_math() -> opsmith_host::Result<()> {
+            common::layout_ops_against_index_math($device)
         }
         #[test]
         fn div_against_f64() -> opsmith_host::Result<()> {
@@ -691,7 +727,7 @@ pub fn run_case(
         .map(|v| {
             let mut data = vec![1.0; offset];
             data.extend_from_slice(v);
-            tensor(&data, dtype, device).and_then(|t| t.narrow(offset, n)).expect("input view")
+            tensor(&data, dtype, device).and_then(|t| t.flat_slice(offset, n)).expect("input view")
         })
         .collect();
     let outs: Vec<Tensor> = (0..n_out).map(|_| Tensor::full(-7.5, [n], dtype, device).expect("output")).collect();
@@ -711,4 +747,97 @@ pub fn run_case(
 
 pub fn seeds_strategy() -> impl Strategy<Value = Vec<(u8, f64, bool)>> {
     prop::collection::vec((any::<u8>(), 2f64.powi(-8)..2f64.powi(8), any::<bool>()), 1..32)
+}
+
+/// The row-major multi-index of flat index `i` in `dims`.
+fn unravel(mut i: usize, dims: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; dims.len()];
+    for k in (0..dims.len()).rev() {
+        index[k] = i % dims[k];
+        i /= dims[k];
+    }
+    index
+}
+
+/// The flat index of a multi-index in `dims`.
+fn ravel(index: &[usize], dims: &[usize]) -> usize {
+    index.iter().zip(dims).fold(0, |acc, (i, d)| acc * d + i)
+}
+
+/// `narrow`, `transpose`, `permute`, `cat` and `stack` on `device`, in every dtype, against the
+/// same moves done with multi-indices on the host; outputs must match bit for bit (they are
+/// copies). Distinct values everywhere, so a misplaced element shows.
+pub fn layout_ops_against_index_math(device: Device) -> Result<()> {
+    let dims = [3usize, 4, 5];
+    let n: usize = dims.iter().product();
+    let values: Vec<f64> = (0..n).map(|i| (i as f64) * 0.5 - 7.0).collect();
+    let other_dims = [3usize, 2, 5];
+    let other: Vec<f64> = (0..30).map(|i| 100.0 + i as f64).collect();
+    for dtype in DTYPES {
+        let x = Tensor::from_f64(&values, dims.to_vec(), dtype, Device::Cpu)?.to_device(device)?;
+        let y = Tensor::from_f64(&other, other_dims.to_vec(), dtype, Device::Cpu)?.to_device(device)?;
+        let check = |what: &str, got: Tensor, want_dims: &[usize], want: Vec<f64>| -> Result<()> {
+            assert_eq!(got.dims(), want_dims, "{what} {dtype}: dims");
+            assert_eq!(got.device(), device, "{what} {dtype}: device");
+            assert_eq!(got.to_vec_f64()?, want, "{what} {dtype}");
+            Ok(())
+        };
+        // narrow(1, 1, 2)
+        let want_dims = [3, 2, 5];
+        let want = (0..30)
+            .map(|i| {
+                let mut ix = unravel(i, &want_dims);
+                ix[1] += 1;
+                values[ravel(&ix, &dims)]
+            })
+            .collect();
+        check("narrow", x.narrow(1, 1, 2)?, &want_dims, want)?;
+        // permute([2, 0, 1]): out[a, b, c] = x[b, c, a]
+        let want_dims = [5, 3, 4];
+        let want = (0..n)
+            .map(|i| {
+                let ix = unravel(i, &want_dims);
+                values[ravel(&[ix[1], ix[2], ix[0]], &dims)]
+            })
+            .collect();
+        check("permute", x.permute(&[2, 0, 1])?, &want_dims, want)?;
+        // transpose(0, 2)
+        let want_dims = [5, 4, 3];
+        let want = (0..n)
+            .map(|i| {
+                let ix = unravel(i, &want_dims);
+                values[ravel(&[ix[2], ix[1], ix[0]], &dims)]
+            })
+            .collect();
+        check("transpose", x.transpose(0, 2)?, &want_dims, want)?;
+        // cat([x, y, x], 1)
+        let want_dims = [3, 10, 5];
+        let want = (0..150)
+            .map(|i| {
+                let ix = unravel(i, &want_dims);
+                match ix[1] {
+                    j if j < 4 => values[ravel(&[ix[0], j, ix[2]], &dims)],
+                    j if j < 6 => other[ravel(&[ix[0], j - 4, ix[2]], &other_dims)],
+                    j => values[ravel(&[ix[0], j - 6, ix[2]], &dims)],
+                }
+            })
+            .collect();
+        check("cat", Tensor::cat(&[&x, &y, &x], 1)?, &want_dims, want)?;
+        // stack([x, x], 3): out[a, b, c, s] = x[a, b, c]
+        let want_dims = [3, 4, 5, 2];
+        let want = (0..2 * n)
+            .map(|i| {
+                let ix = unravel(i, &want_dims);
+                values[ravel(&ix[..3], &dims)]
+            })
+            .collect();
+        check("stack", Tensor::stack(&[&x, &x], 3)?, &want_dims, want)?;
+        // Errors name the op.
+        assert!(matches!(x.narrow(3, 0, 1), Err(Error::InvalidArgument { op: "Tensor::narrow", .. })));
+        assert!(matches!(
+            Tensor::cat(&[&x, &x.narrow(0, 0, 1)?], 1),
+            Err(Error::ShapeMismatch { op: "Tensor::cat", .. })
+        ));
+    }
+    Ok(())
 }

@@ -549,7 +549,7 @@ pub fn optimizer_errors(device: Device) -> Result<()> {
     ));
     assert_eq!(values(&ph)?, [1.0; 3]);
     let state = t(&[0.0; 4], DType::F32)?;
-    let (lo, hi) = (state.narrow(0, 3)?, state.narrow(1, 3)?);
+    let (lo, hi) = (state.flat_slice(0, 3)?, state.flat_slice(1, 3)?);
     assert!(matches!(ops::adam_step(&p, &g, &lo, &hi, &adam), Err(Error::Overlap { op: "adam_step", output: 1 })));
     assert!(matches!(ops::adam_step(&p, &g, &m, &m, &adam), Err(Error::Overlap { op: "adam_step", output: 2 })));
     assert!(matches!(ops::sgd_step(&p, &g, Some(&p), &sgd), Err(Error::Overlap { op: "sgd_step", output: 1 })));

@@ -25,7 +25,7 @@ const U: f64 = f32::EPSILON as f64 / 2.0;
 pub fn tensor_at(values: &[f64], shape: &[usize], offset: usize, dtype: DType, device: Device) -> Result<Tensor> {
     let mut data = vec![1.0; offset];
     data.extend_from_slice(values);
-    Tensor::from_f64(&data, data.len(), dtype, device)?.narrow(offset, values.len())?.reshape(shape.to_vec())
+    Tensor::from_f64(&data, data.len(), dtype, device)?.flat_slice(offset, values.len())?.reshape(shape.to_vec())
 }
 
 /// Rounding to `dtype` (relative) and the absolute floor below which results are subnormal.
