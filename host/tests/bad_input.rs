@@ -146,7 +146,10 @@ fn partial_overlap_of_output_and_input() {
 #[test]
 fn out_of_range_view_and_wrong_element_type() {
     let a = t(&A, DType::F16);
-    assert!(matches!(a.flat_slice(1, 5), Err(Error::OutOfRange { op: "Tensor::narrow", start: 1, end: 6, len: 3 })));
+    assert!(matches!(
+        a.flat_slice(1, 5),
+        Err(Error::OutOfRange { op: "Tensor::flat_slice", start: 1, end: 6, len: 3 })
+    ));
     assert!(matches!(a.to_vec::<f32>(), Err(Error::ElementType { requested: DType::F32, actual: DType::F16, .. })));
     assert!(matches!(
         Tensor::from_vec(vec![1.0f32; 5], [2, 2], Device::Cpu),

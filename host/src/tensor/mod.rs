@@ -7,6 +7,8 @@
 //! assert_eq!((t.dims(), t.dtype(), t.device()), (&[2, 3][..], DType::BF16, Device::Cpu));
 //! # Ok(()) }
 //! ```
+mod create;
+mod display;
 mod layout;
 mod operators;
 mod shape;
