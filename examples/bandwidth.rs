@@ -54,6 +54,9 @@ fn random(dtype: DType, n: usize, seed: u64, device: Device) -> Result<Tensor> {
         DType::F16 => random_tensor::<f16>(n, seed, device),
         DType::BF16 => random_tensor::<bf16>(n, seed, device),
         DType::F64 => random_tensor::<f64>(n, seed, device),
+        DType::U32 | DType::I64 => {
+            Err(opsmith::host::Error::UnsupportedDType { op: "bandwidth", dtype, device: Device::Cpu }.into())
+        }
     }
 }
 

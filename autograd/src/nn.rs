@@ -713,6 +713,8 @@ fn host_dtype(dtype: safetensors::Dtype) -> Option<DType> {
         safetensors::Dtype::F32 => Some(DType::F32),
         safetensors::Dtype::F16 => Some(DType::F16),
         safetensors::Dtype::BF16 => Some(DType::BF16),
+        safetensors::Dtype::U32 => Some(DType::U32),
+        safetensors::Dtype::I64 => Some(DType::I64),
         _ => None,
     }
 }
@@ -723,6 +725,8 @@ fn st_dtype(dtype: DType) -> safetensors::Dtype {
         DType::F32 => safetensors::Dtype::F32,
         DType::F16 => safetensors::Dtype::F16,
         DType::BF16 => safetensors::Dtype::BF16,
+        DType::U32 => safetensors::Dtype::U32,
+        DType::I64 => safetensors::Dtype::I64,
     }
 }
 
@@ -733,6 +737,8 @@ fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
         DType::F32 => t.to_vec::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
         DType::F16 => t.to_vec::<half::f16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
         DType::BF16 => t.to_vec::<half::bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::U32 => t.to_vec::<u32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::I64 => t.to_vec::<i64>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
     })
 }
 

@@ -154,6 +154,8 @@ pub fn one_rounding_ulps(dtype: DType) -> f64 {
     match dtype {
         DType::F32 | DType::F64 => 0.5 + 1e-6,
         DType::F16 | DType::BF16 => 0.5 + DType::F32.unit_roundoff() / dtype.unit_roundoff(),
+        // Exact integers: a rounding to the nearest is half a step.
+        DType::U32 | DType::I64 => 0.5,
     }
 }
 
@@ -164,6 +166,7 @@ fn ulp(x: f64, dtype: DType) -> f64 {
         DType::F16 => -14,
         DType::F64 => -1022,
         DType::F32 | DType::BF16 => -126,
+        DType::U32 | DType::I64 => 0,
     };
     let exponent = if x == 0.0 { min_exponent } else { (x.abs().log2().floor() as i32).max(min_exponent) };
     2.0 * dtype.unit_roundoff() * 2f64.powi(exponent)

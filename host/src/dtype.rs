@@ -28,6 +28,12 @@ pub enum DType {
     BF16,
     /// IEEE 754 binary64. CPU ops only; CUDA tensors of f64 can be stored and copied.
     F64,
+    /// Unsigned 32-bit integers: indices and labels. Made, copied, converted, printed and
+    /// indexed with; the arithmetic ops take floats only.
+    U32,
+    /// Signed 64-bit integers, PyTorch's index type ([`Tensor::argmax`](crate::Tensor::argmax)
+    /// returns them). Like [`DType::U32`], for indices, not arithmetic.
+    I64,
 }
 
 impl DType {
@@ -42,7 +48,8 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::F64 => 8,
+            DType::F64 | DType::I64 => 8,
+            DType::U32 => 4,
         }
     }
 
@@ -59,6 +66,8 @@ impl DType {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::F64 => "f64",
+            DType::U32 => "u32",
+            DType::I64 => "i64",
         }
     }
 
@@ -76,11 +85,26 @@ impl DType {
             DType::F16 => 4.8828125e-4, // 2^-11
             DType::BF16 => 3.90625e-3,  // 2^-8
             DType::F64 => f64::EPSILON / 2.0,
+            // Integers are exact: a conversion to them rounds to an integer.
+            DType::U32 | DType::I64 => 0.5,
         }
     }
 
+    /// Whether this is a floating-point dtype (every arithmetic op needs one).
+    ///
+    /// ```
+    /// use opsmith_host::DType;
+    /// assert!(DType::BF16.is_float() && !DType::I64.is_float());
+    /// ```
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+    }
+
+    /// The floating-point dtypes.
+    pub const FLOATS: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+
     /// Every dtype.
-    pub const ALL: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+    pub const ALL: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::F64, DType::U32, DType::I64];
 }
 
 impl std::fmt::Display for DType {
@@ -95,9 +119,11 @@ mod sealed {
     impl Sealed for f64 {}
     impl Sealed for half::f16 {}
     impl Sealed for half::bf16 {}
+    impl Sealed for u32 {}
+    impl Sealed for i64 {}
 }
 
-/// A Rust type that a tensor can hold: `f32`, `f64`, [`half::f16`] and [`half::bf16`].
+/// A Rust type that a tensor can hold: `f32`, `f64`, [`half::f16`], [`half::bf16`], `u32` and `i64`.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
@@ -113,7 +139,8 @@ mod sealed {
 pub trait Element: sealed::Sealed + bytemuck::Pod + Copy + Send + Sync + std::fmt::Debug + PartialEq + 'static {
     /// The matching [`DType`].
     const DTYPE: DType;
-    /// The type CPU arithmetic runs in (f32, or f64 for f64), as on the GPU.
+    /// The type CPU arithmetic runs in (f32, or f64 for f64), as on the GPU; f64 for the integers,
+    /// which only conversions use.
     type Acc: Accumulator;
     /// Widens to the arithmetic type.
     fn to_acc(self) -> Self::Acc;
@@ -220,6 +247,10 @@ element!(f32, F32, f32, |x| x, |x| x, |x: f32| x as f64, |x: f64| x as f32);
 element!(f64, F64, f64, |x| x, |x| x, |x| x, |x| x);
 element!(f16, F16, f32, f16::to_f32, f16::from_f32, f16::to_f64, f16::from_f64);
 element!(bf16, BF16, f32, bf16::to_f32, bf16::from_f32, bf16::to_f64, bf16::from_f64);
+// Integers widen to f64 (exactly for u32, and for i64 up to 2^53 in magnitude); from f64 they
+// round to nearest, ties away from zero, and saturate (NaN becomes 0), as `as` casts do.
+element!(u32, U32, f64, |x| x as f64, |x: f64| x.round() as u32, |x| x as f64, |x: f64| x.round() as u32);
+element!(i64, I64, f64, |x| x as f64, |x: f64| x.round() as i64, |x| x as f64, |x: f64| x.round() as i64);
 
 /// Calls `$body` with `$T` bound to the Rust type of `$dtype`.
 macro_rules! with_element_type {
@@ -241,7 +272,30 @@ macro_rules! with_element_type {
                 type $T = half::bf16;
                 $body
             }
+            $crate::DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
         }
     };
 }
 pub(crate) use with_element_type;
+
+/// Calls `$body` with `$T` bound to the Rust type of `$dtype`, a float; for an integer dtype,
+/// returns [`Error::UnsupportedDType`](crate::Error::UnsupportedDType) naming `$op` from the
+/// enclosing function instead.
+macro_rules! with_float_type {
+    ($dtype:expr, $op:expr, $device:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            dtype @ ($crate::DType::U32 | $crate::DType::I64) => {
+                return Err($crate::Error::UnsupportedDType { op: $op, dtype, device: $device }.into())
+            }
+            float => $crate::dtype::with_element_type!(float, $T => $body),
+        }
+    };
+}
+pub(crate) use with_float_type;

@@ -167,3 +167,37 @@ fn no_cuda_device() {
     assert!(matches!(err, Error::NoCudaDriver | Error::NoSuchDevice { ordinal: 4096, .. }), "{err}");
     unchanged(&a, &A);
 }
+
+#[test]
+fn integer_tensors_are_refused_by_arithmetic() {
+    for dtype in [DType::U32, DType::I64] {
+        let x = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], [2, 2], dtype, Device::Cpu).unwrap();
+        let results: [(&str, opsmith_host::Result<Tensor>); 16] = [
+            ("relu", ops::relu(&x)),
+            ("gelu", ops::gelu(&x)),
+            ("silu", ops::silu(&x)),
+            ("mse_loss", ops::mse_loss(&x, &x)),
+            ("matmul", ops::matmul(&x, &x)),
+            ("add", ops::add(&x, &x)),
+            ("sub", ops::sub(&x, &x)),
+            ("mul", ops::mul(&x, &x)),
+            ("div", ops::div(&x, &x)),
+            ("affine", ops::affine(&x, 2.0, 1.0)),
+            ("fused_mul_add", ops::fused_mul_add(&x, &x, &x)),
+            ("add_mul", ops::add_mul(&x, &x, &x)),
+            ("sum", ops::sum(&x)),
+            ("mean", ops::mean(&x)),
+            ("sum_rows", ops::sum_rows(&x)),
+            ("softmax", ops::softmax(&x, 1.0, None)),
+        ];
+        for (name, result) in results {
+            match result {
+                Err(Error::UnsupportedDType { op, dtype: d, device: Device::Cpu }) => {
+                    assert_eq!((op, d), (name, dtype), "{name}")
+                }
+                other => panic!("{name} on {dtype}: {:?}", other.map(|t| t.dims().to_vec())),
+            }
+        }
+        unchanged(&x, &[1.0, 2.0, 3.0, 4.0]);
+    }
+}

@@ -36,6 +36,8 @@ pub enum ElemKind {
     /// `f64` (state that needs more than f32's precision, such as the capturable Adam's step
     /// count and running powers).
     F64,
+    /// `i64` (indices, as PyTorch stores them).
+    I64,
 }
 
 impl ElemKind {
@@ -47,6 +49,7 @@ impl ElemKind {
             ElemKind::BF16 => "bf16",
             ElemKind::U32 => "u32",
             ElemKind::F64 => "f64",
+            ElemKind::I64 => "i64",
         }
     }
 }
@@ -141,6 +144,9 @@ impl KernelElement for u32 {
 }
 impl KernelElement for f64 {
     const KIND: ElemKind = ElemKind::F64;
+}
+impl KernelElement for i64 {
+    const KIND: ElemKind = ElemKind::I64;
 }
 
 /// A type a kernel's scalar parameter may have.

@@ -45,6 +45,9 @@ pub mod device;
 pub mod dtype;
 #[cfg(any(not(target_arch = "nvptx64"), feature = "elementwise"))]
 mod elementwise;
+// The along-a-dim, gather and random kernels ship in the elementwise module.
+#[cfg(any(not(target_arch = "nvptx64"), feature = "elementwise"))]
+mod indexing;
 #[cfg(any(not(target_arch = "nvptx64"), feature = "loss"))]
 mod loss;
 #[cfg(any(not(target_arch = "nvptx64"), feature = "matmul"))]
@@ -53,6 +56,7 @@ pub mod names;
 #[cfg(any(not(target_arch = "nvptx64"), feature = "optimizer"))]
 pub mod optim;
 pub mod prebuilt;
+pub mod random;
 pub mod real;
 #[cfg(any(not(target_arch = "nvptx64"), feature = "reduction"))]
 mod reduction;

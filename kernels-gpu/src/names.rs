@@ -113,6 +113,56 @@ impl ElementwiseKernels {
     }
 }
 
+/// Sums and maxima along one dim, and the random fills, for one float dtype (kernels of the
+/// elementwise family's module).
+///
+/// ```
+/// use opsmith_kernels::names::dim;
+/// assert_eq!(dim::BF16.max_dim.name(), "max_dim_bf16");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DimKernels {
+    /// `out[a, i] = Σ_j x[a, j, i]`.
+    pub sum_dim: KernelDecl<(In, Out, u64, u64, u64)>,
+    /// The largest of `x[a, :, i]` and its first index, as i64.
+    pub max_dim: KernelDecl<(In, Out, Out, u64, u64, u64)>,
+    /// Uniform values in `[0, 1)` from a seed.
+    pub uniform: KernelDecl<(Out, u64, u64)>,
+    /// Standard normal values from a seed.
+    pub normal: KernelDecl<(Out, u64, u64)>,
+    /// `out[a, index, i] += src[a, j, i]` into f32: the backward of `index_select` and `gather`.
+    pub scatter_add: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64)>,
+}
+
+impl DimKernels {
+    /// Every entry point of the table.
+    pub const fn all(&self) -> [&'static str; 5] {
+        [self.sum_dim.name(), self.max_dim.name(), self.uniform.name(), self.normal.name(), self.scatter_add.name()]
+    }
+}
+
+/// `index_select` and `gather` for one dtype, with i64 indices (kernels of the elementwise
+/// family's module).
+///
+/// ```
+/// use opsmith_kernels::names::gather;
+/// assert_eq!(gather::I64.gather.name(), "gather_i64");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatherKernels {
+    /// `out[a, j, i] = src[a, index[j], i]`.
+    pub index_select: KernelDecl<(In, In, Out, u64, u64, u64, u64)>,
+    /// `out[a, j, i] = src[a, index[a, j, i], i]`.
+    pub gather: KernelDecl<(In, In, Out, u64, u64, u64, u64)>,
+}
+
+impl GatherKernels {
+    /// Every entry point of the table.
+    pub const fn all(&self) -> [&'static str; 2] {
+        [self.index_select.name(), self.gather.name()]
+    }
+}
+
 /// The PTX entry points of the reduction and broadcast family for one storage dtype.
 ///
 /// ```
@@ -440,6 +490,21 @@ pub mod activation {
     pub use crate::activation::{BF16, F16, F32};
 }
 
+/// The along-a-dim and random tables, by dtype.
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod dim {
+    pub use crate::indexing::{DIM_BF16 as BF16, DIM_F16 as F16, DIM_F32 as F32};
+}
+
+/// The `index_select`/`gather` tables, by dtype of the values.
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod gather {
+    pub use crate::indexing::{
+        GATHER_BF16 as BF16, GATHER_F16 as F16, GATHER_F32 as F32, GATHER_F64 as F64, GATHER_I64 as I64,
+        GATHER_U32 as U32,
+    };
+}
+
 /// The optimizer tables, by dtype (f32 only).
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod optim {
@@ -464,6 +529,15 @@ pub use crate::timing::SPIN;
 /// Every elementwise kernel table this crate defines.
 #[cfg(not(target_arch = "nvptx64"))]
 pub const ALL_ELEMENTWISE: [ElementwiseKernels; 3] = [F32, F16, BF16];
+
+/// Every along-a-dim and random kernel table this crate defines.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const ALL_DIM: [DimKernels; 3] = [dim::F32, dim::F16, dim::BF16];
+
+/// Every `index_select`/`gather` kernel table this crate defines.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const ALL_GATHER: [GatherKernels; 6] =
+    [gather::F32, gather::F16, gather::BF16, gather::F64, gather::U32, gather::I64];
 
 /// Every reduction kernel table this crate defines.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -493,10 +567,11 @@ pub const ALL_MATMUL: [MatmulKernels; 3] = [matmul::F32, matmul::F16, matmul::BF
 ///
 /// ```
 /// let names: Vec<&str> = opsmith_kernels::names::all_kernel_names().collect();
-/// // Three dtypes of elementwise, reduction, activation, softmax, loss and small-product
-/// // kernels; f32 optimizers. Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1 long
-/// // kernel. And the benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (10 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 3) + 6 + 1);
+/// // Three dtypes of elementwise (with along-a-dim and random), reduction, activation,
+/// // softmax, loss and small-product kernels; f32 optimizers. Softmax, each way: 3 one-warp
+/// // sizes, 1 block-per-row and 1 long kernel. index_select and gather for six dtypes. And
+/// // the benchmarks' `spin_ns`.
+/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 3) + 6 * 2 + 6 + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]
@@ -572,7 +647,13 @@ impl Family {
     pub fn kernel_names(self) -> std::boxed::Box<dyn Iterator<Item = &'static str>> {
         use std::boxed::Box;
         match self {
-            Family::Elementwise => Box::new(ALL_ELEMENTWISE.into_iter().flat_map(|t| t.all())),
+            Family::Elementwise => Box::new(
+                ALL_ELEMENTWISE
+                    .into_iter()
+                    .flat_map(|t| t.all())
+                    .chain(ALL_DIM.into_iter().flat_map(|t| t.all()))
+                    .chain(ALL_GATHER.into_iter().flat_map(|t| t.all())),
+            ),
             Family::Reduction => Box::new(ALL_REDUCTION.into_iter().flat_map(|t| t.all())),
             Family::Activation => Box::new(ALL_ACTIVATION.into_iter().flat_map(|t| t.all())),
             Family::Optimizer => Box::new(ALL_OPTIMIZER.into_iter().flat_map(|t| t.all())),

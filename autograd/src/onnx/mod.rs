@@ -316,6 +316,8 @@ fn data_type(dtype: DType) -> DataType {
         DType::F16 => DataType::Float16,
         DType::BF16 => DataType::Bfloat16,
         DType::F64 => DataType::Double,
+        DType::U32 => DataType::Uint32,
+        DType::I64 => DataType::Int64,
     }
 }
 
@@ -326,6 +328,8 @@ fn tensor_proto(name: &str, t: &Tensor) -> Result<TensorProto> {
         DType::F32 => t.to_vec::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
         DType::F16 => t.to_vec::<half::f16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
         DType::BF16 => t.to_vec::<half::bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::U32 => t.to_vec::<u32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::I64 => t.to_vec::<i64>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
     };
     Ok(TensorProto {
         dims: t.dims().iter().map(|&d| d as i64).collect(),
@@ -343,6 +347,8 @@ fn scalar_proto(value: f64, dtype: DType) -> TensorProto {
         DType::F32 => (value as f32).to_le_bytes().to_vec(),
         DType::F16 => half::f16::from_f64(value).to_le_bytes().to_vec(),
         DType::BF16 => half::bf16::from_f64(value).to_le_bytes().to_vec(),
+        DType::U32 => (value.round() as u32).to_le_bytes().to_vec(),
+        DType::I64 => (value.round() as i64).to_le_bytes().to_vec(),
     };
     TensorProto { data_type: data_type(dtype) as i32, raw_data, ..Default::default() }
 }

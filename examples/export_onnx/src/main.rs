@@ -44,6 +44,8 @@ fn dtype_name(dtype: DType) -> &'static str {
         DType::F16 => "float16",
         DType::BF16 => "bfloat16",
         DType::F64 => "float64",
+        DType::U32 => "uint32",
+        DType::I64 => "int64",
     }
 }
 

@@ -305,6 +305,8 @@ fn elem_kind(dtype: DType) -> Option<ElemKind> {
         DType::F16 => Some(ElemKind::F16),
         DType::BF16 => Some(ElemKind::BF16),
         DType::F64 => Some(ElemKind::F64),
+        DType::U32 => Some(ElemKind::U32),
+        DType::I64 => Some(ElemKind::I64),
     }
 }
 

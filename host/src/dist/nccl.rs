@@ -239,6 +239,8 @@ fn nccl_dtype(dtype: DType) -> sys::ncclDataType_t {
         DType::F16 => sys::ncclDataType_t::ncclFloat16,
         DType::BF16 => sys::ncclDataType_t::ncclBfloat16,
         DType::F64 => sys::ncclDataType_t::ncclFloat64,
+        DType::U32 => sys::ncclDataType_t::ncclUint32,
+        DType::I64 => sys::ncclDataType_t::ncclInt64,
     }
 }
 

@@ -31,6 +31,15 @@ pub(crate) fn same_dtype(op: &'static str, ts: &[&Tensor]) -> Result<()> {
     }
 }
 
+/// The first tensor's dtype is a float (the others match it, by [`same_dtype`]): arithmetic
+/// has no integer kernels.
+pub(crate) fn float(op: &'static str, t: &Tensor) -> Result<()> {
+    match t.dtype() {
+        dtype if !dtype.is_float() => Err(Error::UnsupportedDType { op, dtype, device: t.device() }),
+        _ => Ok(()),
+    }
+}
+
 /// All tensors have the first one's shape.
 pub(crate) fn same_shape(op: &'static str, ts: &[&Tensor]) -> Result<()> {
     let first = ts[0].dims();
@@ -72,5 +81,6 @@ pub(crate) fn no_partial_overlap(op: &'static str, inputs: &[&Tensor], outputs: 
 pub(crate) fn elementwise(op: &'static str, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
     let all: smallvec::SmallVec<[&Tensor; 8]> = inputs.iter().chain(outputs).copied().collect();
     same_layout(op, &all)?;
+    float(op, all[0])?;
     no_partial_overlap(op, inputs, outputs)
 }

@@ -1,7 +1,7 @@
 //! The CPU half of the elementwise ops: one pass per op over the tensors' memory, fused where
 //! the GPU kernel is fused, arithmetic in `Element::Acc` like the kernels.
 use super::elementwise::ElementwiseOp;
-use crate::dtype::with_element_type;
+use crate::dtype::with_float_type;
 use crate::tensor::storage::{CpuBuffer, Storage, StorageData};
 use crate::{DType, Element, Error, Result, Tensor};
 use half::f16;
@@ -14,7 +14,7 @@ pub(super) fn elementwise<Op: ElementwiseOp<I, O>, const I: usize, const O: usiz
     inputs: [&Tensor; I],
     outputs: [&Tensor; O],
 ) -> Result<()> {
-    with_element_type!(inputs[0].dtype(), T => run::<T, Op, I, O>(op, inputs, outputs))
+    with_float_type!(inputs[0].dtype(), op.name(), inputs[0].device(), T => run::<T, Op, I, O>(op, inputs, outputs))
 }
 
 // Without CUDA every storage is on the CPU, and `op` names no error.

@@ -5,14 +5,16 @@ use crate::{DType, Error, Result, Tensor};
 use opsmith_kernels::decl::KernelDecl;
 use opsmith_kernels::names::{self, ActivationKernels, ElementwiseKernels, OptimizerKernels, activation, optim};
 
-/// The kernel table for `t`'s dtype, from a family's tables for f32, f16 and bf16; f64 has no
-/// kernels.
+/// The kernel table for `t`'s dtype, from a family's tables for f32, f16 and bf16; f64 and the
+/// integers have no kernels.
 pub(crate) fn dtype_table<K>(op: &'static str, t: &Tensor, [f32, f16, bf16]: [K; 3]) -> Result<K> {
     match t.dtype() {
         DType::F32 => Ok(f32),
         DType::F16 => Ok(f16),
         DType::BF16 => Ok(bf16),
-        DType::F64 => Err(Error::UnsupportedDType { op, dtype: DType::F64, device: t.device() }),
+        dtype @ (DType::F64 | DType::U32 | DType::I64) => {
+            Err(Error::UnsupportedDType { op, dtype, device: t.device() })
+        }
     }
 }
 

@@ -83,7 +83,9 @@ pub(crate) fn assemble(
         crate::DType::F32 => Some(opsmith_kernels::names::F32),
         crate::DType::F16 => Some(opsmith_kernels::names::F16),
         crate::DType::BF16 => Some(opsmith_kernels::names::BF16),
-        crate::DType::F64 => None,
+        // u32 moves as f32 does: the copy kernels move bits and never round.
+        crate::DType::U32 => Some(opsmith_kernels::names::F32),
+        crate::DType::F64 | crate::DType::I64 => None,
     };
     #[cfg(feature = "cuda")]
     if let (Device::Cuda(_), Some(kernels)) = (device, kernels) {

@@ -17,13 +17,14 @@ use super::softmax::{reciprocal_or_zero, row_max_sum};
 use crate::DType;
 #[cfg(feature = "cuda")]
 use crate::cuda::KernelArg;
-use crate::dtype::{Accumulator, with_element_type};
+use crate::dtype::{Accumulator, with_float_type};
 use crate::{Device, Element, Error, Labels, Result, Shape, Tensor};
 #[cfg(feature = "cuda")]
 use opsmith_kernels::names::ALL_LOSS;
 
 /// Checks logits `[rows, classes]` against their labels and returns (rows, classes).
 fn classification(op: &'static str, logits: &Tensor, labels: &Labels) -> Result<(usize, usize)> {
+    check::float(op, logits)?;
     let [rows, classes] = *logits.dims() else {
         return Err(Error::InvalidArgument {
             op,
@@ -221,7 +222,7 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
     match pred.device() {
         Device::Cpu => {
             check::cpu_work("mse_loss")?;
-            with_element_type!(pred.dtype(), T => mse_loss_cpu::<T>(pred, target))
+            with_float_type!(pred.dtype(), "mse_loss", pred.device(), T => mse_loss_cpu::<T>(pred, target))
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
@@ -245,6 +246,7 @@ fn mse_loss_cpu<T: Element>(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
 /// Checks the operands of the squared error and returns their element count.
 fn squared_error_operands(op: &'static str, pred: &Tensor, target: &Tensor) -> Result<usize> {
     check::same_layout(op, &[pred, target])?;
+    check::float(op, pred)?;
     match pred.elem_count() {
         0 => Err(Error::InvalidArgument { op, reason: "the mean of an empty tensor is undefined".into() }),
         n => Ok(n),

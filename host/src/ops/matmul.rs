@@ -18,7 +18,7 @@
 use super::check;
 #[cfg(feature = "cublas")]
 use crate::cuda::{CudaDevice, blas, launch_blocking};
-use crate::dtype::{Accumulator, with_element_type};
+use crate::dtype::{Accumulator, with_float_type};
 #[cfg(feature = "cublas")]
 use crate::tensor::storage::with_cuda_ptrs;
 use crate::{DType, Device, Element, Error, Result, Shape, Tensor};
@@ -222,7 +222,7 @@ fn compute(p: &Product, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
     match a.device() {
         Device::Cpu => {
             check::cpu_work("matmul")?;
-            with_element_type!(a.dtype(), T => cpu::<T>(p, a, b, out))
+            with_float_type!(a.dtype(), p.op, a.device(), T => cpu::<T>(p, a, b, out))
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) if p.is_small() => small(p, a, b, out),
@@ -340,7 +340,9 @@ fn cuda(p: &Product, ordinal: usize, a: &Tensor, b: &Tensor, out: &Tensor) -> Re
         DType::F32 => cudaDataType::CUDA_R_32F,
         DType::F16 => cudaDataType::CUDA_R_16F,
         DType::BF16 => cudaDataType::CUDA_R_16BF,
-        DType::F64 => return Err(Error::UnsupportedDType { op: p.op, dtype: DType::F64, device: a.device() }),
+        dtype @ (DType::F64 | DType::U32 | DType::I64) => {
+            return Err(Error::UnsupportedDType { op: p.op, dtype, device: a.device() });
+        }
     };
     let op = p.op;
     let (m, n, k) = (blas_int(op, p.m)?, blas_int(op, p.n)?, blas_int(op, p.k)?);

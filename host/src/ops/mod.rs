@@ -35,6 +35,7 @@ mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod elementwise;
+pub(crate) mod index;
 pub(crate) mod layout;
 mod loss;
 mod matmul;
@@ -45,6 +46,10 @@ mod softmax;
 pub use activation::{
     gelu, gelu_backward, gelu_backward_into, gelu_into, relu, relu_backward, relu_backward_into, relu_into, silu,
     silu_backward, silu_backward_into, silu_into,
+};
+pub use index::{
+    argmax, broadcast_shape, gather, gather_backward, index_select, index_select_backward, max_dim, sum_dim,
+    sum_to_shape,
 };
 pub use loss::{cross_entropy, cross_entropy_backward, mse_loss, mse_loss_backward};
 pub use matmul::{SMALL_PRODUCT_MACS, matmul, matmul_into, matmul_t, matmul_t_into};
@@ -61,17 +66,22 @@ use elementwise::{
     FusedMulAdd, Mul, Sub, run, run_new,
 };
 
-/// `a + b`, elementwise.
+/// `a + b`, elementwise. Shapes broadcast as in NumPy and PyTorch ([`broadcast_shape`]): a
+/// `[2, 3]` and a `[3]` give a `[2, 3]`. The same holds for [`sub`], [`mul`] and [`div`]; the
+/// `_into` forms take equal shapes only.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
 /// use opsmith_host::{ops, Device, Tensor};
 /// let a = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
 /// assert_eq!(ops::add(&a, &a)?.to_vec::<f32>()?, [2.0, 4.0]);
+/// let column = Tensor::from_vec(vec![10.0f32, 20.0], [2, 1], Device::Cpu)?;
+/// assert_eq!(ops::add(&column, &a)?.to_vec::<f32>()?, [11.0, 12.0, 21.0, 22.0]);
 /// # Ok(()) }
 /// ```
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [out] = run_new(Add, [a, b])?;
+    let (a, b) = index::broadcast_pair("add", a, b)?;
+    let [out] = run_new(Add, [&a, &b])?;
     Ok(out)
 }
 
@@ -101,7 +111,8 @@ pub fn add_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [out] = run_new(Sub, [a, b])?;
+    let (a, b) = index::broadcast_pair("sub", a, b)?;
+    let [out] = run_new(Sub, [&a, &b])?;
     Ok(out)
 }
 
@@ -203,7 +214,8 @@ pub fn add_scalar(x: &Tensor, beta: f64) -> Result<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [out] = run_new(Mul, [a, b])?;
+    let (a, b) = index::broadcast_pair("mul", a, b)?;
+    let [out] = run_new(Mul, [&a, &b])?;
     Ok(out)
 }
 
@@ -234,7 +246,8 @@ pub fn mul_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [out] = run_new(Div, [a, b])?;
+    let (a, b) = index::broadcast_pair("div", a, b)?;
+    let [out] = run_new(Div, [&a, &b])?;
     Ok(out)
 }
 

@@ -5,7 +5,7 @@ use super::check;
 use crate::DType;
 #[cfg(feature = "cuda")]
 use crate::cuda::{CudaDevice, DEFAULT_BLOCK, KernelArg, LaunchConfig};
-use crate::dtype::with_element_type;
+use crate::dtype::with_float_type;
 use crate::{Device, Element, Error, Result, Shape, Tensor};
 #[cfg(feature = "cuda")]
 use opsmith_kernels::{ReductionKernels, names::reduction};
@@ -100,6 +100,7 @@ pub(super) fn reduce_partials(op: &'static str, first_pass: &str, inputs: &[&Ten
 }
 
 fn reduce_all(op: &'static str, x: &Tensor, scale: f64) -> Result<Tensor> {
+    check::float(op, x)?;
     match x.device() {
         Device::Cpu => {
             check::cpu_work(op)?;
@@ -175,6 +176,7 @@ pub fn mean(x: &Tensor) -> Result<Tensor> {
 /// ```
 pub fn expand_scalar(g: &Tensor, shape: impl Into<Shape>, scale: f64) -> Result<Tensor> {
     let shape = shape.into();
+    check::float("expand_scalar", g)?;
     if g.elem_count() != 1 {
         return Err(Error::ShapeMismatch { op: "expand_scalar", lhs: vec![1], rhs: g.dims().to_vec() });
     }
@@ -207,6 +209,7 @@ pub fn expand_scalar(g: &Tensor, shape: impl Into<Shape>, scale: f64) -> Result<
 
 /// (rows, cols) of a matrix operand, or a shape error naming `op`.
 fn matrix_dims(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {
+    check::float(op, x)?;
     match *x.dims() {
         [rows, cols] => Ok((rows, cols)),
         _ => Err(Error::InvalidArgument { op, reason: format!("expects a 2-D matrix, got shape {:?}", x.dims()) }),
@@ -235,7 +238,7 @@ pub fn add_row(x: &Tensor, b: &Tensor) -> Result<Tensor> {
         Device::Cpu => {
             check::cpu_work("add_row")?;
             let (xv, bv) = (x.to_vec_f64()?, b.to_vec_f64()?);
-            with_element_type!(x.dtype(), T => {
+            with_float_type!(x.dtype(), "add_row", x.device(), T => {
                 // Round through the arithmetic type, as the kernels do.
                 let out: Vec<T> = xv
                     .iter()

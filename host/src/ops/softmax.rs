@@ -15,7 +15,7 @@ use super::cuda::{check_launch_len, dtype_table};
 use super::reduce::cuda_device;
 #[cfg(feature = "cuda")]
 use crate::cuda::{CudaDevice, KernelArg, LaunchConfig};
-use crate::dtype::{Accumulator, with_element_type};
+use crate::dtype::{Accumulator, with_float_type};
 use crate::{Device, Element, Error, Result, Tensor};
 #[cfg(feature = "cuda")]
 use opsmith_kernels::names::{ALL_SOFTMAX, RowLaunch};
@@ -77,6 +77,7 @@ pub(super) fn reciprocal_or_zero(sum: f64) -> f64 {
 
 /// (rows, cols) of `x` seen as a matrix over its last axis.
 pub(super) fn rows_cols(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {
+    check::float(op, x)?;
     match x.dims().split_last() {
         Some((&cols, lead)) => Ok((lead.iter().product(), cols)),
         None => Err(Error::InvalidArgument { op, reason: "needs a tensor of rank 1 or more, got a scalar".into() }),
@@ -124,7 +125,7 @@ pub fn softmax(x: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> 
     match x.device() {
         Device::Cpu => {
             check::cpu_work("softmax")?;
-            with_element_type!(x.dtype(), T => softmax_cpu::<T>(x, scale, mask, cols))
+            with_float_type!(x.dtype(), "softmax", x.device(), T => softmax_cpu::<T>(x, scale, mask, cols))
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {

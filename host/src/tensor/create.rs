@@ -1,5 +1,6 @@
 //! Constructors beyond `zeros`, `full` and `from_vec`: `ones`, the `*_like` family, `arange`
 //! and `eye`, as PyTorch and candle name them.
+use crate::ops::index::Distribution;
 use crate::{DType, Device, Error, Result, Shape, Tensor};
 
 impl Tensor {
@@ -116,4 +117,39 @@ fn host_values(op: &'static str, count: usize, value: impl Fn(usize) -> f64) -> 
         .map_err(|_| Error::InvalidArgument { op, reason: format!("{count} values do not fit in host memory") })?;
     values.extend((0..count).map(value));
     Ok(values)
+}
+
+impl Tensor {
+    /// Uniform values in `[0, 1)` from `seed`: element `i` depends only on `seed` and `i`
+    /// (Philox4x32-10, a counter-based generator), so CPU and CUDA give the same bits, and a
+    /// larger tensor starts with a smaller one's values. A value has as many random bits as the
+    /// dtype has significant bits (24 for f32, 11 for f16, 8 for bf16, 53 for f64), so rounding
+    /// never makes it 1.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let u = Tensor::rand([2, 3], DType::F32, Device::Cpu, 42)?;
+    /// assert!(u.to_vec::<f32>()?.iter().all(|v| (0.0..1.0).contains(v)));
+    /// assert_eq!(u.to_vec::<f32>()?, Tensor::rand([2, 3], DType::F32, Device::Cpu, 42)?.to_vec::<f32>()?);
+    /// # Ok(()) }
+    /// ```
+    pub fn rand(shape: impl Into<Shape>, dtype: DType, device: Device, seed: u64) -> Result<Tensor> {
+        crate::ops::index::random("Tensor::rand", shape.into(), dtype, device, seed, Distribution::Uniform)
+    }
+
+    /// Standard normal values from `seed` (Box–Muller on the same counter-based stream as
+    /// [`Tensor::rand`]), made in f32 and rounded to the dtype; the same bits on CPU and CUDA.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let z = Tensor::randn([10_000], DType::F32, Device::Cpu, 7)?.to_vec::<f32>()?;
+    /// let mean = z.iter().sum::<f32>() / z.len() as f32;
+    /// assert!(mean.abs() < 0.05);
+    /// # Ok(()) }
+    /// ```
+    pub fn randn(shape: impl Into<Shape>, dtype: DType, device: Device, seed: u64) -> Result<Tensor> {
+        crate::ops::index::random("Tensor::randn", shape.into(), dtype, device, seed, Distribution::Normal)
+    }
 }

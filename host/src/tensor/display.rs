@@ -10,19 +10,20 @@ const EDGE: usize = 3;
 /// Larger tensors are not read back whole to be printed: only their first and last values.
 const READ_LIMIT: usize = 1 << 24;
 
-/// How the numbers of one tensor are written: fixed with 4 decimals, or scientific when the
-/// magnitudes call for it; padded to one width.
+/// How the numbers of one tensor are written: integers as they are; floats fixed with 4
+/// decimals, or scientific when the magnitudes call for it; padded to one width.
 struct NumberFormat {
+    integer: bool,
     scientific: bool,
     width: usize,
 }
 
 impl NumberFormat {
-    fn new(values: &[f64]) -> NumberFormat {
+    fn new(values: &[f64], integer: bool) -> NumberFormat {
         let finite = values.iter().copied().filter(|v| v.is_finite() && *v != 0.0).map(f64::abs);
         let (min, max) = finite.fold((f64::INFINITY, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
-        let scientific = max >= 1e8 || (min < 1e-4 && max > 0.0);
-        let mut f = NumberFormat { scientific, width: 0 };
+        let scientific = !integer && (max >= 1e8 || (min < 1e-4 && max > 0.0));
+        let mut f = NumberFormat { integer, scientific, width: 0 };
         f.width = values.iter().map(|&v| f.write(v).len()).max().unwrap_or(0);
         f
     }
@@ -30,6 +31,7 @@ impl NumberFormat {
     fn write(&self, v: f64) -> String {
         match (v.is_finite(), self.scientific) {
             (false, _) => format!("{v}"),
+            _ if self.integer => format!("{v}"),
             (true, true) => format!("{v:.4e}"),
             (true, false) => format!("{v:.4}"),
         }
@@ -90,6 +92,7 @@ impl fmt::Display for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.elem_count();
         let header = format!("Tensor[{:?}, {}, {}]", self.dims(), self.dtype(), self.device());
+        let integer = !self.dtype().is_float();
         if n > READ_LIMIT {
             // Only the ends, read through flat views.
             let ends = self
@@ -98,7 +101,7 @@ impl fmt::Display for Tensor {
                 .and_then(|a| self.flat_slice(n - EDGE, EDGE).and_then(|b| b.to_vec_f64()).map(|b| (a, b)));
             return match ends {
                 Ok((a, b)) => {
-                    let format = NumberFormat::new(&[a.clone(), b.clone()].concat());
+                    let format = NumberFormat::new(&[a.clone(), b.clone()].concat(), integer);
                     let list = |v: &[f64]| v.iter().map(|&x| format.write(x)).collect::<Vec<_>>().join(", ");
                     write!(f, "[{}, ..., {}] (flat; {n} elements)\n{header}", list(&a), list(&b))
                 }
@@ -114,9 +117,9 @@ impl fmt::Display for Tensor {
             // Only the shown values set the width.
             let mut shown_values = Vec::new();
             collect_shown(&values, self.dims(), 0, &mut shown_values);
-            NumberFormat::new(&shown_values)
+            NumberFormat::new(&shown_values, integer)
         } else {
-            NumberFormat::new(&values)
+            NumberFormat::new(&values, integer)
         };
         let mut out = String::new();
         write_dim(&mut out, &values, self.dims(), 0, 0, summarize, &format);
@@ -149,6 +152,13 @@ mod tests {
         assert_eq!(tiny.to_string(), "[1.0000e-6,  1.0000e0]\nTensor[[2], f32, cpu]");
         let empty = Tensor::zeros([0, 2], DType::F16, Device::Cpu)?;
         assert_eq!(empty.to_string(), "[]\nTensor[[0, 2], f16, cpu]");
+        Ok(())
+    }
+
+    #[test]
+    fn integers_print_without_decimals() -> crate::Result<()> {
+        let x = Tensor::from_vec(vec![3i64, -12, 0, 7], [2, 2], Device::Cpu)?;
+        assert_eq!(x.to_string(), "[[  3, -12],\n [  0,   7]]\nTensor[[2, 2], i64, cpu]");
         Ok(())
     }
 

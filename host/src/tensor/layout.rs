@@ -220,3 +220,89 @@ impl Tensor {
         self.reshape(dims)
     }
 }
+
+/// Reductions along a dim, indexing and broadcasting, as methods (see [`crate::ops`]).
+impl Tensor {
+    /// The sum along `dim`, which is removed (`[2, 3]` summed along 1 is `[2]`); see
+    /// [`ops::sum_dim`](crate::ops::sum_dim).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], Device::Cpu)?;
+    /// assert_eq!(x.sum(1)?.to_vec::<f32>()?, [3.0, 7.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn sum(&self, dim: usize) -> Result<Tensor> {
+        crate::ops::sum_dim(self, dim, false)
+    }
+
+    /// The sum along `dim`, kept with size 1 (`[2, 3]` along 1 is `[2, 1]`).
+    pub fn sum_keepdim(&self, dim: usize) -> Result<Tensor> {
+        crate::ops::sum_dim(self, dim, true)
+    }
+
+    /// The largest value along `dim`, which is removed; [`Tensor::argmax`] gives where it is.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let x = Tensor::from_vec(vec![1.0f32, 5.0, 3.0, 4.0], [2, 2], Device::Cpu)?;
+    /// assert_eq!(x.max(0)?.to_vec::<f32>()?, [3.0, 5.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn max(&self, dim: usize) -> Result<Tensor> {
+        crate::ops::max_dim(self, dim, false).map(|(values, _)| values)
+    }
+
+    /// The index of the largest value along `dim` (the first, for ties), which is removed, as
+    /// an [`DType::I64`](crate::DType::I64) tensor.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let x = Tensor::arange(0.0, 6.0, 1.0, DType::F32, Device::Cpu)?.reshape([2, 3])?;
+    /// let m = x.argmax(1)?;
+    /// assert_eq!((m.dtype(), m.to_vec_f64()?), (DType::I64, vec![2.0, 2.0]));
+    /// # Ok(()) }
+    /// ```
+    pub fn argmax(&self, dim: usize) -> Result<Tensor> {
+        crate::ops::argmax(self, dim, false)
+    }
+
+    /// Entries along `dim` picked by a 1-D u32 or i64 `index`; see
+    /// [`ops::index_select`](crate::ops::index_select).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], Device::Cpu)?;
+    /// let rows = x.index_select(0, &Tensor::from_vec(vec![1u32, 1], [2], Device::Cpu)?)?;
+    /// assert_eq!(rows.to_vec::<f32>()?, [3.0, 4.0, 3.0, 4.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn index_select(&self, dim: usize, index: &Tensor) -> Result<Tensor> {
+        crate::ops::index_select(self, dim, index)
+    }
+
+    /// One entry along `dim` per element of `index`; see [`ops::gather`](crate::ops::gather).
+    pub fn gather(&self, dim: usize, index: &Tensor) -> Result<Tensor> {
+        crate::ops::gather(self, dim, index)
+    }
+
+    /// This tensor repeated along its size-1 dims (and new leading dims) to `shape`, by
+    /// NumPy's broadcasting rules, as a new contiguous tensor.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// use opsmith_host::{Device, Tensor};
+    /// let row = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
+    /// assert_eq!(row.broadcast_as([2, 2])?.to_vec::<f32>()?, [1.0, 2.0, 1.0, 2.0]);
+    /// assert!(row.broadcast_as([3]).is_err()); // 2 does not repeat to 3
+    /// # Ok(()) }
+    /// ```
+    pub fn broadcast_as(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        crate::ops::index::broadcast_to("Tensor::broadcast_as", self, shape.dims())
+    }
+}

@@ -76,7 +76,8 @@ fn fill_pattern(value: f64, dtype: DType) -> Option<FillPattern> {
         DType::F32 => Some(FillPattern::Bits32(<f32 as Element>::from_f64(value).to_bits())),
         DType::F16 => Some(FillPattern::Bits16(<half::f16 as Element>::from_f64(value).to_bits())),
         DType::BF16 => Some(FillPattern::Bits16(<half::bf16 as Element>::from_f64(value).to_bits())),
-        DType::F64 => None,
+        DType::U32 => Some(FillPattern::Bits32(<u32 as Element>::from_f64(value))),
+        DType::F64 | DType::I64 => None,
     }
 }
 
@@ -595,13 +596,13 @@ impl Tensor {
                 DType::F32 => Some(names::F32),
                 DType::F16 => Some(names::F16),
                 DType::BF16 => Some(names::BF16),
-                DType::F64 => None,
+                DType::F64 | DType::U32 | DType::I64 => None,
             };
             let kernel = table.and_then(|t| match dtype {
                 DType::F32 => Some(t.to_f32),
                 DType::F16 => Some(t.to_f16),
                 DType::BF16 => Some(t.to_bf16),
-                DType::F64 => None,
+                DType::F64 | DType::U32 | DType::I64 => None,
             });
             if let Some(kernel) = kernel {
                 let out = Tensor::empty(self.shape.clone(), dtype, self.device)?;
@@ -762,6 +763,8 @@ impl CpuBuffer {
             CpuBuffer::F16(v) => v.len(),
             CpuBuffer::BF16(v) => v.len(),
             CpuBuffer::F64(v) => v.len(),
+            CpuBuffer::U32(v) => v.len(),
+            CpuBuffer::I64(v) => v.len(),
         }
     }
 }

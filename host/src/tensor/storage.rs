@@ -28,6 +28,8 @@ pub enum CpuBuffer {
     F16(Vec<half::f16>),
     BF16(Vec<half::bf16>),
     F64(Vec<f64>),
+    U32(Vec<u32>),
+    I64(Vec<i64>),
 }
 
 impl CpuBuffer {
@@ -37,6 +39,8 @@ impl CpuBuffer {
             CpuBuffer::F16(_) => DType::F16,
             CpuBuffer::BF16(_) => DType::BF16,
             CpuBuffer::F64(_) => DType::F64,
+            CpuBuffer::U32(_) => DType::U32,
+            CpuBuffer::I64(_) => DType::I64,
         }
     }
 }

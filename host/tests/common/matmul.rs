@@ -103,7 +103,7 @@ pub fn tolerance(dtype: DType, k: usize, r: f64, scale: f64) -> f64 {
     let arith = if dtype == DType::F64 { DType::F64 } else { DType::F32 }.unit_roundoff();
     let store = match dtype {
         DType::F16 | DType::BF16 => dtype.unit_roundoff() * r.abs(),
-        DType::F32 | DType::F64 => 0.0,
+        _ => 0.0,
     };
     (k as f64 + 1.0) * arith * scale * 1.01 + store * 1.01 + super::store_floor(dtype)
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod activation;
+pub mod indexing;
 pub mod matmul;
 pub mod optim;
 pub mod stress;
@@ -201,6 +202,7 @@ pub fn store_floor(dtype: DType) -> f64 {
         DType::BF16 => 2f64.powi(-134),
         DType::F32 => 2f64.powi(-150),
         DType::F64 => 0.0,
+        DType::U32 | DType::I64 => unreachable!("{dtype} is not a float dtype"),
     }
 }
 
@@ -221,6 +223,7 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
         DType::F16 => half::f16::from_f64(v).to_f64(),
         DType::BF16 => half::bf16::from_f64(v).to_f64(),
         DType::F64 => v,
+        DType::U32 | DType::I64 => unreachable!("{dtype} is not a float dtype"),
     }
 }
 
@@ -603,6 +606,30 @@ macro_rules! shared_cases {
             common::layout_ops_against_index_math($device)
         }
         #[test]
+        fn dim_reductions_against_f64() -> opsmith_host::Result<()> {
+            common::indexing::dim_reductions_against_f64($device)
+        }
+        #[test]
+        fn index_ops_against_index_math() -> opsmith_host::Result<()> {
+            common::indexing::index_ops_against_index_math($device)
+        }
+        #[test]
+        fn index_backwards_against_f64() -> opsmith_host::Result<()> {
+            common::indexing::index_backwards_against_f64($device)
+        }
+        #[test]
+        fn broadcasting_against_index_math() -> opsmith_host::Result<()> {
+            common::indexing::broadcasting_against_index_math($device)
+        }
+        #[test]
+        fn random_streams() -> opsmith_host::Result<()> {
+            common::indexing::random_streams($device)
+        }
+        #[test]
+        fn integer_tensors() -> opsmith_host::Result<()> {
+            common::indexing::integer_tensors($device)
+        }
+        #[test]
         fn div_against_f64() -> opsmith_host::Result<()> {
             common::op_against_f64($device, common::Op::Div)
         }
@@ -647,6 +674,7 @@ pub fn check_special(op: Op, dtype: DType, inputs: &[Vec<f64>], outputs: &[Vec<f
         DType::F16 => 65504.0,
         DType::BF16 => half::bf16::MAX.to_f64(),
         DType::F64 => f64::MAX,
+        DType::U32 | DType::I64 => unreachable!("{dtype} is not a float dtype"),
     };
     for i in 0..inputs.first().map_or(0, Vec::len) {
         let x: Vec<f64> = inputs.iter().map(|v| v[i]).collect();
@@ -676,6 +704,7 @@ pub fn special_value(dtype: DType, kind: u8, magnitude: f64, negative: bool) -> 
         DType::BF16 => 2f64.powi(-130),
         DType::F32 => 2f64.powi(-140),
         DType::F64 => 2f64.powi(-1070),
+        DType::U32 | DType::I64 => unreachable!("{dtype} is not a float dtype"),
     };
     let v = match kind % 20 {
         0 => 0.0,

@@ -35,6 +35,7 @@ fn storage_error(dtype: DType) -> (f64, f64) {
         DType::F16 => (dtype.unit_roundoff() * 1.01, 2f64.powi(-24)),
         DType::BF16 => (dtype.unit_roundoff() * 1.01, 2f64.powi(-120)),
         DType::F64 => (0.0, 1e-300),
+        DType::U32 | DType::I64 => unreachable!("{dtype} is not a float dtype"),
     }
 }
 

@@ -107,3 +107,21 @@ impl CompensatedSum {
         if (self.sum - self.sum) == 0.0 { self.sum + self.compensation } else { self.sum }
     }
 }
+
+/// `*address += value` as one atomic `red.add.f32` (no return value): scatter-adds whose
+/// targets may repeat. The order of the additions to one address is not fixed.
+///
+/// # Safety
+/// `address` is valid for an aligned f32 in global memory.
+#[inline(always)]
+pub unsafe fn atomic_add(address: *mut f32, value: f32) {
+    // SAFETY: the caller's contract; `red` with generic addressing writes only `*address`.
+    unsafe {
+        core::arch::asm!(
+            "red.add.f32 [{a}], {v};",
+            a = in(reg64) address as u64,
+            v = in(reg32) value,
+            options(nostack, preserves_flags),
+        )
+    };
+}
