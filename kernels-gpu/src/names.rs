@@ -120,6 +120,8 @@ impl ElementwiseKernels {
 /// use opsmith_kernels::names::dim;
 /// assert_eq!(dim::BF16.max_dim.name(), "max_dim_bf16");
 /// ```
+// The long tuples are the kernels' parameter lists, spelled out on purpose.
+#[allow(clippy::type_complexity)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DimKernels {
     /// `out[a, i] = Σ_j x[a, j, i]`.
