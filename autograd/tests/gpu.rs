@@ -2,7 +2,7 @@
 mod common;
 
 use common::{Cube, cases, inputs};
-use opsmith_autograd::{CustomOp, Error, GradcheckOptions, Result, Tape, compare_devices, custom, ops};
+use opsmith_autograd::{CustomOp, Error, GradcheckOptions, Result, Tape, Var, compare_devices, custom, ops};
 use opsmith_host::{DType, Device, Tensor};
 use std::sync::Arc;
 
@@ -36,6 +36,25 @@ fn backward_stays_on_the_device() -> Result<()> {
     let loss = ops::mean(&ops::add_mul(&ops::add_row(&x, &b)?, &w, &w)?)?;
     let grads = tape.backward(&loss)?;
     for v in [&x, &b, &w] {
+        assert_eq!(grads.get(v).unwrap().device(), GPU);
+    }
+    Ok(())
+}
+
+/// The shape ops' backwards run on the device too: each CUDA input's gradient is a CUDA tensor
+/// (the values are compared with the CPU's in `cuda_gradients_match_cpu`).
+#[test]
+fn shape_op_gradients_stay_on_the_device() -> Result<()> {
+    let tape = Tape::new();
+    let ins = inputs(&[&[4, 6], &[4, 6], &[6]], DType::F32, GPU, 4)?;
+    let (x, w, b) = (tape.var(ins[0].clone()), tape.var(ins[1].clone()), tape.var(ins[2].clone()));
+    let heads = x.reshape([4, 2, 3])?.transpose(0, 1)?; // [2, 4, 3]
+    let joined = Var::cat(&[&heads.narrow(0, 0, 1)?, &heads.narrow(0, 1, 1)?], 2)?.squeeze(0)?; // [4, 6]
+    let low = joined.to_dtype(DType::BF16)?.to_dtype(DType::F32)?;
+    let pair = Var::stack(&[&low, &w], 0)?.permute(&[1, 0, 2])?; // [4, 2, 6]
+    let y = ops::add_row(&pair.reshape([8, 6])?, &b.unsqueeze(0)?.squeeze(0)?)?;
+    let grads = tape.backward(&ops::sum(&ops::mul(&y, &y)?)?)?;
+    for v in [&x, &w, &b] {
         assert_eq!(grads.get(v).unwrap().device(), GPU);
     }
     Ok(())
@@ -83,8 +102,8 @@ fn missing_cuda_halves_are_errors() -> Result<()> {
 #[test]
 fn onnx_export_from_cuda_equals_export_from_cpu() -> Result<()> {
     use opsmith_autograd::nn::{Activation, Mlp};
+    use opsmith_autograd::no_grad;
     use opsmith_autograd::onnx::{Model, Tracer};
-    use opsmith_autograd::{Var, no_grad};
     let export = |device: Device| -> Result<(Model, Vec<f32>)> {
         let _off = no_grad();
         let mlp = Mlp::new(&Tape::new(), &[3, 16, 4], Activation::Gelu, DType::F32, device, 5)?;

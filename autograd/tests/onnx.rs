@@ -5,7 +5,7 @@
 //! Python.
 mod common;
 
-use common::{tensor, values};
+use common::{ravel, tensor, unravel, values};
 use opsmith_autograd::nn::{Activation, Mlp};
 use opsmith_autograd::onnx::proto::{self, AttributeProto, FunctionProto, ModelProto, NodeProto, TensorProto};
 use opsmith_autograd::onnx::{Function, Model, OPSET, OPSMITH_DOMAIN, Tracer};
@@ -107,6 +107,102 @@ fn softmax_last(x: &Value) -> Value {
     Value { dims: x.dims.clone(), data }
 }
 
+/// An int64 tensor's values (the interpreter holds every value as f64).
+fn ints(v: &Value) -> Vec<i64> {
+    v.data.iter().map(|&x| x as i64).collect()
+}
+
+/// An axis of a tensor of `rank` dims; negative ones count from the end.
+fn axis(a: i64, rank: usize) -> usize {
+    let r = rank as i64;
+    assert!((-r..r).contains(&a), "axis {a} of rank {rank}");
+    a.rem_euclid(r) as usize
+}
+
+/// The tensor of `dims` whose element at each multi-index is `x`'s at `source(index)`.
+fn gather(x: &Value, dims: Vec<usize>, source: impl Fn(&mut Vec<usize>)) -> Value {
+    let n: usize = dims.iter().product();
+    let data = (0..n)
+        .map(|f| {
+            let mut index = unravel(f, &dims);
+            source(&mut index);
+            x.data[ravel(&index, &x.dims)]
+        })
+        .collect();
+    Value { dims, data }
+}
+
+/// `Slice` with unit steps: starts and ends clamped to each axis, negative ones from the end.
+fn slice(x: &Value, starts: &[i64], ends: &[i64], axes: &[i64]) -> Value {
+    let (mut dims, mut offsets) = (x.dims.clone(), vec![0; x.dims.len()]);
+    for ((&s, &e), &a) in starts.iter().zip(ends).zip(axes) {
+        let a = axis(a, x.dims.len());
+        let size = x.dims[a] as i64;
+        let clamp = |i: i64| (if i < 0 { i + size } else { i }).clamp(0, size) as usize;
+        let (s, e) = (clamp(s), clamp(e));
+        offsets[a] = s;
+        dims[a] = e.saturating_sub(s);
+    }
+    gather(x, dims, |index| index.iter_mut().zip(&offsets).for_each(|(i, o)| *i += o))
+}
+
+/// `Transpose`: output dim `k` is input dim `perm[k]`.
+fn transpose(x: &Value, perm: &[i64]) -> Value {
+    let perm: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
+    let dims = perm.iter().map(|&p| x.dims[p]).collect();
+    gather(x, dims, |index| {
+        let mut source = vec![0; index.len()];
+        for (k, &p) in perm.iter().enumerate() {
+            source[p] = index[k];
+        }
+        *index = source;
+    })
+}
+
+/// `Concat` along `axis`.
+fn concat(parts: &[Value], a: i64) -> Value {
+    let a = axis(a, parts[0].dims.len());
+    let mut dims = parts[0].dims.clone();
+    dims[a] = parts.iter().map(|p| p.dims[a]).sum();
+    let n: usize = dims.iter().product();
+    let data = (0..n)
+        .map(|f| {
+            let mut index = unravel(f, &dims);
+            let mut k = 0;
+            while index[a] >= parts[k].dims[a] {
+                index[a] -= parts[k].dims[a];
+                k += 1;
+            }
+            parts[k].data[ravel(&index, &parts[k].dims)]
+        })
+        .collect();
+    Value { dims, data }
+}
+
+/// `Reshape`: 0 copies the input's dim (unless `allowzero`), -1 is inferred.
+fn reshape(x: &Value, shape: &[i64], allowzero: bool) -> Value {
+    let mut dims: Vec<i64> =
+        shape.iter().enumerate().map(|(k, &d)| if d == 0 && !allowzero { x.dims[k] as i64 } else { d }).collect();
+    if let Some(k) = dims.iter().position(|&d| d == -1) {
+        let known: i64 = dims.iter().filter(|&&d| d != -1).product();
+        dims[k] = x.data.len() as i64 / known;
+    }
+    let dims: Vec<usize> = dims.iter().map(|&d| usize::try_from(d).expect("a resolved dim")).collect();
+    assert_eq!(dims.iter().product::<usize>(), x.data.len(), "Reshape of {:?} to {shape:?}", x.dims);
+    Value { dims, data: x.data.clone() }
+}
+
+/// `Cast` to ONNX element type `to`: rounded as that type rounds.
+fn cast(x: &Value, to: i64) -> Value {
+    match proto::DataType::try_from(to as i32).unwrap() {
+        proto::DataType::Double => x.clone(),
+        proto::DataType::Float => x.map(|v| f64::from(v as f32)),
+        proto::DataType::Float16 => x.map(|v| half::f16::from_f64(v).to_f64()),
+        proto::DataType::Bfloat16 => x.map(|v| half::bf16::from_f64(v).to_f64()),
+        other => panic!("no Cast to {other:?}"),
+    }
+}
+
 fn attr<'a>(n: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
     n.attribute.iter().find(|a| a.name == name)
 }
@@ -150,13 +246,51 @@ fn run(model: &ModelProto, nodes: &[NodeProto], env: &mut HashMap<String, Value>
                     Value::scalar(if n.op_type == "ReduceSum" { s } else { s / v.data.len() as f64 })
                 }
                 "Constant" => {
-                    if let Some(a) = resolved("value") {
+                    if let Some(a) = resolved("value_ints") {
+                        Value { dims: vec![a.ints.len()], data: a.ints.iter().map(|&i| i as f64).collect() }
+                    } else if let Some(a) = resolved("value") {
                         decode(a.t.as_ref().unwrap())
                     } else {
                         Value::scalar(f64::from(resolved("value_float").expect("a Constant value").f))
                     }
                 }
                 "CastLike" | "Identity" => x(0),
+                "Slice" => {
+                    assert!(n.input.len() == 4, "Slice with starts, ends and axes, unit steps");
+                    slice(&x(0), &ints(&x(1)), &ints(&x(2)), &ints(&x(3)))
+                }
+                "Transpose" => transpose(&x(0), &resolved("perm").expect("a perm").ints),
+                "Concat" => {
+                    let parts: Vec<Value> = (0..n.input.len()).map(x).collect();
+                    concat(&parts, resolved("axis").expect("an axis").i)
+                }
+                "Unsqueeze" => {
+                    let (v, axes) = (x(0), ints(&x(1)));
+                    // Axes index the output, of one more dim per axis.
+                    let rank = v.dims.len() + axes.len();
+                    let mut axes: Vec<usize> = axes.iter().map(|&a| axis(a, rank)).collect();
+                    axes.sort();
+                    let mut dims = v.dims.clone();
+                    for a in axes {
+                        dims.insert(a, 1);
+                    }
+                    Value { dims, data: v.data }
+                }
+                "Squeeze" => {
+                    let v = x(0);
+                    let mut axes: Vec<usize> = ints(&x(1)).iter().map(|&a| axis(a, v.dims.len())).collect();
+                    axes.sort();
+                    let mut dims = v.dims.clone();
+                    for &a in axes.iter().rev() {
+                        assert_eq!(dims.remove(a), 1, "Squeeze of axis {a} of {:?}", v.dims);
+                    }
+                    Value { dims, data: v.data }
+                }
+                "Reshape" => {
+                    let allowzero = resolved("allowzero").is_some_and(|a| a.i == 1);
+                    reshape(&x(0), &ints(&x(1)), allowzero)
+                }
+                "Cast" => cast(&x(0), resolved("to").expect("a target type").i),
                 "SoftmaxCrossEntropyLoss" => {
                     assert_eq!(resolved("reduction").map(|a| a.s), Some(b"mean".to_vec()));
                     let (logits, labels) = (x(0), x(1));
@@ -475,5 +609,127 @@ fn nothing_is_recorded_without_a_tracer_or_on_other_threads() -> Result<()> {
     names.extend(graph.initializer.iter().map(|t| t.name.as_str()));
     names.extend(graph.input.iter().map(|t| t.name.as_str()));
     assert_eq!(names, ["add_0_1", "add_0", "initializer_0", "initializer_0_1", "add_1"]);
+    Ok(())
+}
+
+/// The value of the int64 `Constant` node named `name`.
+fn constant_ints(model: &Model, name: &str) -> Vec<i64> {
+    let graph = model.proto().graph.as_ref().unwrap();
+    let node = graph.node.iter().find(|n| n.output[0] == name).unwrap_or_else(|| panic!("no node makes {name}"));
+    assert_eq!(node.op_type, "Constant");
+    attr(node, "value_ints").expect("value_ints").ints.clone()
+}
+
+/// The shape ops export as `Slice`, `Transpose`, `Concat`, `Unsqueeze`, `Squeeze`, `Reshape` and
+/// `Cast`, and the exported graph computes exactly what opsmith computed: these ops only move
+/// elements, or round them the same way.
+#[test]
+fn shape_ops_export_to_their_onnx_nodes() -> Result<()> {
+    let x = constant(&values(24, 31), &[2, 3, 4], DType::F64);
+    let w = constant(&values(6, 32), &[2, 3], DType::F64);
+    // A parameter on a tape: recording gradients does not change what is exported.
+    let tape = Tape::new();
+    let b = tape.var(tensor(&values(6, 33), &[3, 2], DType::F32, Device::Cpu)?);
+    let mut tracer = Tracer::new("shapes")?;
+    tracer.input("x", &x)?;
+    tracer.name(&w, "w")?;
+    tracer.name(&b, "b")?;
+    let n = x.narrow(2, 1, 2)?; // [2, 3, 2]
+    let t = n.transpose(0, 2)?; // [2, 3, 2]
+    let stacked = Var::stack(&[&n, &t], 1)?; // [2, 2, 3, 2]
+    let u = w.unsqueeze(2)?; // [2, 3, 1]
+    let joined = Var::cat(&[&n, &u, &t], 2)?; // [2, 3, 5]
+    let flat = joined.permute(&[2, 0, 1])?.reshape([5, 6])?;
+    let picked = flat.narrow(0, 1, 3)?.reshape([3, 3, 2])?.narrow(1, 2, 1)?.squeeze(1)?; // [3, 2]
+    let scaled = ops::mul(&picked.to_dtype(DType::F32)?, &b)?; // in f32
+    let back = ops::add(&scaled.to_dtype(DType::F64)?.reshape([6])?, &u.squeeze(2)?.reshape([6])?)?;
+    for (name, v) in [("stacked", &stacked), ("flat", &flat), ("scaled", &scaled), ("back", &back)] {
+        tracer.output(name, v)?;
+    }
+    let model = tracer.finish()?;
+
+    let mut op_types = model.op_types();
+    op_types.sort();
+    op_types.dedup();
+    let expected =
+        ["Add", "Cast", "Concat", "Constant", "Mul", "Reshape", "Slice", "Squeeze", "Transpose", "Unsqueeze"];
+    assert_eq!(op_types, expected);
+    let graph = model.proto().graph.as_ref().unwrap();
+    let by_type = |t: &'static str| graph.node.iter().filter(move |n| n.op_type == t);
+    // The first narrow: columns 1..3 of dim 2.
+    let first_slice = by_type("Slice").next().unwrap();
+    let [starts, ends, axes] = [1, 2, 3].map(|k| constant_ints(&model, &first_slice.input[k]));
+    assert_eq!((starts, ends, axes), (vec![1], vec![3], vec![2]));
+    let perms: Vec<Vec<i64>> = by_type("Transpose").map(|n| attr(n, "perm").unwrap().ints.clone()).collect();
+    assert_eq!(perms, [vec![2, 1, 0], vec![2, 0, 1]]);
+    let casts: Vec<i64> = by_type("Cast").map(|n| attr(n, "to").unwrap().i).collect();
+    assert_eq!(casts, [proto::DataType::Float as i64, proto::DataType::Double as i64]);
+    // stack: one Unsqueeze per input onto the new axis, then a Concat along it.
+    let stack_concat = by_type("Concat").find(|n| n.output[0] == "stacked").unwrap();
+    assert_eq!(attr(stack_concat, "axis").unwrap().i, 1);
+    assert_eq!(stack_concat.input.len(), 2);
+    for part in &stack_concat.input {
+        let unsqueeze = graph.node.iter().find(|n| &n.output[0] == part).unwrap();
+        assert_eq!(unsqueeze.op_type, "Unsqueeze");
+        assert_eq!(constant_ints(&model, &unsqueeze.input[1]), [1]);
+    }
+    let shapes: Vec<Vec<i64>> = by_type("Reshape").map(|n| constant_ints(&model, &n.input[1])).collect();
+    assert_eq!(shapes, [vec![5, 6], vec![3, 3, 2], vec![6], vec![6]], "no dynamic batch: the traced shapes");
+
+    let out = interpret(&model, &[("x", value_of(x.value()))]);
+    for (name, v) in [("stacked", &stacked), ("flat", &flat), ("scaled", &scaled), ("back", &back)] {
+        assert_close(&out[name], v.value(), 0.0, name);
+    }
+    assert!(tape.backward(&ops::sum(&back)?)?.get(&b).is_some());
+    Ok(())
+}
+
+/// With a dynamic batch a reshape keeps the batch: its leading dim is written as 0 where the
+/// reshape keeps that dim and as -1 where the batch folds into it. The model traced on a batch
+/// of 2 then computes opsmith's forward on a batch of 5; the other shape ops need nothing.
+#[test]
+fn shape_ops_export_for_any_batch_size() -> Result<()> {
+    fn forward(x: &Var) -> Result<[Var; 2]> {
+        let batch = x.value().dims()[0];
+        let rows = x.reshape([batch * 3, 4])?; // [B·3, 4]: -1
+        let items = x.reshape([batch, 12])?; // [B, 12]: 0
+        let halves = Var::stack(&[&items.narrow(1, 0, 6)?, &items.narrow(1, 6, 6)?], 1)?; // [B, 2, 6]
+        let y = halves.transpose(1, 2)?.unsqueeze(0)?.squeeze(0)?.reshape([batch, 12])?;
+        Ok([rows, y])
+    }
+    let trace = |dynamic: bool| -> Result<Model> {
+        let x = constant(&values(24, 41), &[2, 3, 4], DType::F32);
+        let tracer = Tracer::new("batch")?;
+        let mut tracer = if dynamic { tracer.dynamic_batch("batch") } else { tracer };
+        tracer.input("x", &x)?;
+        let [rows, y] = forward(&x)?;
+        tracer.output("rows", &rows)?;
+        tracer.output("y", &y)?;
+        tracer.finish()
+    };
+    let shapes = |model: &Model| -> Vec<Vec<i64>> {
+        let graph = model.proto().graph.as_ref().unwrap();
+        graph.node.iter().filter(|n| n.op_type == "Reshape").map(|n| constant_ints(model, &n.input[1])).collect()
+    };
+    assert_eq!(shapes(&trace(false)?), [vec![6, 4], vec![2, 12], vec![2, 12]]);
+    let model = trace(true)?;
+    assert_eq!(shapes(&model), [vec![-1, 4], vec![0, 12], vec![0, 12]]);
+
+    let x5 = constant(&values(60, 42), &[5, 3, 4], DType::F32);
+    let [rows, y] = forward(&x5)?;
+    let out = interpret(&model, &[("x", value_of(x5.value()))]);
+    assert_close(&out["rows"], rows.value(), 0.0, "rows, batch of 5");
+    assert_close(&out["y"], y.value(), 0.0, "y, batch of 5");
+
+    // A shape with a zero dim is written as traced, with allowzero (a plain 0 would copy).
+    let empty = constant(&[], &[0, 3], DType::F32);
+    let mut tracer = Tracer::new("empty")?.dynamic_batch("batch");
+    tracer.input("x", &empty)?;
+    tracer.output("y", &empty.reshape([3, 0])?)?;
+    let model = tracer.finish()?;
+    let reshape = &model.proto().graph.as_ref().unwrap().node[1];
+    assert_eq!(attr(reshape, "allowzero").map(|a| a.i), Some(1));
+    assert_eq!(constant_ints(&model, &reshape.input[1]), [3, 0]);
+    assert_eq!(interpret(&model, &[("x", value_of(empty.value()))])["y"].dims, [3, 0]);
     Ok(())
 }

@@ -4,6 +4,11 @@
 //! * Built-in ops map to standard ONNX ops (opset [`OPSET`]): `matmul` → `MatMul`, `add_row` →
 //!   `Add` (broadcast), `gelu` → `Gelu` with `approximate="tanh"`, `silu` → `Sigmoid`, `Mul`,
 //!   `cross_entropy` → `SoftmaxCrossEntropyLoss`, `sum`/`mean` → `ReduceSum`/`ReduceMean`, …
+//! * Shape ops: `narrow` → `Slice`, `transpose`/`permute` → `Transpose`, `cat` → `Concat`,
+//!   `stack` → an `Unsqueeze` per input and a `Concat`, `squeeze`/`unsqueeze` →
+//!   `Squeeze`/`Unsqueeze`, `reshape` → `Reshape`, `to_dtype` → `Cast`. Their indices, axes and
+//!   shapes are int64 `Constant` nodes holding the traced values (see [`Tracer::dynamic_batch`]
+//!   for `Reshape`'s leading dim).
 //! * Fused ops (`fused_mul_add`, `add_mul`, `softmax` with a scale or a mask) become nodes of the
 //!   [`OPSMITH_DOMAIN`] domain, and a [`CustomOp`](crate::CustomOp) a node of the domain its
 //!   [`CustomOp::onnx_function`](crate::CustomOp::onnx_function) names. Each such op type comes
@@ -353,6 +358,26 @@ fn scalar_proto(value: f64, dtype: DType) -> TensorProto {
     TensorProto { data_type: data_type(dtype) as i32, raw_data, ..Default::default() }
 }
 
+/// A `Constant` node holding a 1-D int64 tensor: indices, axes, a shape.
+fn ints_constant(name: &str, values: &[i64]) -> NodeProto {
+    node("Constant", &[], name, vec![Attribute::ints("value_ints", values)])
+}
+
+/// The `shape` input of a `Reshape` from dims `from` to dims `to`, and whether the node needs
+/// `allowzero` (set when `to` has a zero dim, which a plain 0 would copy from the input
+/// instead). With a dynamic batch the leading dim is 0 (copied) or -1 (inferred): see
+/// [`Tracer::dynamic_batch`].
+fn reshape_target(from: &[usize], to: &[usize], dynamic_batch: bool) -> (Vec<i64>, bool) {
+    let mut shape: Vec<i64> = to.iter().map(|&d| d as i64).collect();
+    if to.contains(&0) {
+        return (shape, true);
+    }
+    if dynamic_batch && !from.is_empty() && !to.is_empty() {
+        shape[0] = if from[0] == to[0] { 0 } else { -1 };
+    }
+    (shape, false)
+}
+
 /// A dimension of a declared shape: fixed, symbolic, or unknown.
 enum Dim {
     Fixed(usize),
@@ -430,6 +455,28 @@ impl Tracer {
     /// Declares the first dimension of every graph input as a symbolic size named `name`, so
     /// the model takes any batch size. The outputs' dimensions are then left unknown (shape
     /// inference in the runtime fills them in).
+    ///
+    /// A `reshape` then writes its leading dim so that the batch carries through: `0` (the
+    /// input's leading dim) when the reshape keeps the leading dim's size, else `-1` (inferred
+    /// from the element count), as in a flatten `[B, T, C]` → `[B·T, C]`. Both give the traced
+    /// shape for the traced sizes; for other batch sizes they are right when the batch is the
+    /// leading dim of both shapes and scales only the output's leading dim (a reshape that
+    /// moves the batch elsewhere, such as `[B, 6]` → `[2, 3·B]`, exports for the traced batch
+    /// only). A reshape to a shape with a zero dim is written as traced. The other shape ops
+    /// write the traced values: a `narrow` along dim 0 keeps the traced rows.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Var, onnx::Tracer};
+    /// use opsmith_host::{DType, Device, Tensor};
+    /// let x = Var::constant(Tensor::zeros([2, 3, 4], DType::F32, Device::Cpu)?);
+    /// let mut tracer = Tracer::new("flatten")?.dynamic_batch("batch");
+    /// tracer.input("x", &x)?;
+    /// tracer.output("rows", &x.reshape([6, 4])?)?; // written as [-1, 4]
+    /// tracer.output("flat", &x.reshape([2, 12])?)?; // written as [0, 12]
+    /// assert_eq!(tracer.finish()?.op_types(), ["Constant", "Reshape", "Constant", "Reshape"]);
+    /// # Ok(()) }
+    /// ```
     pub fn dynamic_batch(mut self, name: &str) -> Tracer {
         self.batch = Some(name.into());
         self
@@ -734,6 +781,43 @@ impl Lowering {
                     );
                 }
             }
+            Traced::Narrow { dim, start, len } => {
+                let [starts, ends, axes] = ["starts", "ends", "axes"].map(|s| format!("{output}/{s}"));
+                vec![
+                    ints_constant(&starts, &[*start as i64]),
+                    ints_constant(&ends, &[(start + len) as i64]),
+                    ints_constant(&axes, &[*dim as i64]),
+                    node("Slice", &[ins[0], &starts, &ends, &axes], output, vec![]),
+                ]
+            }
+            Traced::Permute(order) => {
+                let perm: Vec<i64> = order.iter().map(|&d| d as i64).collect();
+                vec![standard("Transpose", vec![Attribute::ints("perm", &perm)])]
+            }
+            Traced::Cat(dim) => vec![standard("Concat", vec![Attribute::int("axis", *dim as i64)])],
+            Traced::Stack(dim) => {
+                let axes = format!("{output}/axes");
+                let mut nodes = vec![ints_constant(&axes, &[*dim as i64])];
+                let expanded: Vec<String> = (0..ins.len()).map(|k| format!("{output}/unsqueezed_{k}")).collect();
+                for (x, e) in ins.iter().zip(&expanded) {
+                    nodes.push(node("Unsqueeze", &[x, &axes], e, vec![]));
+                }
+                let parts: Vec<&str> = expanded.iter().map(String::as_str).collect();
+                nodes.push(node("Concat", &parts, output, vec![Attribute::int("axis", *dim as i64)]));
+                nodes
+            }
+            Traced::Squeeze(dim) | Traced::Unsqueeze(dim) => {
+                let op_type = if matches!(op, Traced::Squeeze(_)) { "Squeeze" } else { "Unsqueeze" };
+                let axes = format!("{output}/axes");
+                vec![ints_constant(&axes, &[*dim as i64]), node(op_type, &[ins[0], &axes], output, vec![])]
+            }
+            Traced::Reshape { from, to } => {
+                let name = format!("{output}/shape");
+                let (shape, allowzero) = reshape_target(from, to, self.batch.is_some());
+                let attributes = if allowzero { vec![Attribute::int("allowzero", 1)] } else { vec![] };
+                vec![ints_constant(&name, &shape), node("Reshape", &[ins[0], &name], output, attributes)]
+            }
+            Traced::ToDtype(to) => vec![standard("Cast", vec![Attribute::int("to", data_type(*to) as i64)])],
             Traced::FusedMulAdd => return self.call(builtin_function("FusedMulAdd"), inputs, output, vec![]),
             Traced::AddMul => return self.call(builtin_function("AddMul"), inputs, output, vec![]),
             Traced::CrossEntropy(labels) => {
@@ -800,6 +884,14 @@ fn lowered_name(op: &Traced) -> &'static str {
         Traced::Softmax { .. } => "softmax",
         Traced::CrossEntropy(_) => "cross_entropy",
         Traced::MseLoss => "mse_loss",
+        Traced::Narrow { .. } => "narrow",
+        Traced::Permute(_) => "permute",
+        Traced::Cat(_) => "cat",
+        Traced::Stack(_) => "stack",
+        Traced::Squeeze(_) => "squeeze",
+        Traced::Unsqueeze(_) => "unsqueeze",
+        Traced::Reshape { .. } => "reshape",
+        Traced::ToDtype(_) => "to_dtype",
         Traced::Custom(op) => op.name(),
     }
 }

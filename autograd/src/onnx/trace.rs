@@ -24,9 +24,32 @@ pub(crate) enum Traced {
     Relu,
     Gelu,
     Silu,
-    Softmax { scale: f64, masked: bool },
+    Softmax {
+        scale: f64,
+        masked: bool,
+    },
     CrossEntropy(Labels),
     MseLoss,
+    /// Elements `start..start + len` along `dim`.
+    Narrow {
+        dim: usize,
+        start: usize,
+        len: usize,
+    },
+    /// `transpose` too: dim `k` of the output is dim `order[k]` of the input.
+    Permute(Vec<usize>),
+    /// Along this dim.
+    Cat(usize),
+    /// Along this new dim.
+    Stack(usize),
+    Squeeze(usize),
+    Unsqueeze(usize),
+    /// The input's dims and the output's: a dynamic batch needs both to write the shape.
+    Reshape {
+        from: Vec<usize>,
+        to: Vec<usize>,
+    },
+    ToDtype(DType),
     Custom(Arc<dyn CustomOp>),
 }
 

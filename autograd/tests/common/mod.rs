@@ -20,6 +20,21 @@ pub fn values(n: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
+/// The multi-index of flat index `flat` in a row-major tensor of `dims`.
+pub fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; dims.len()];
+    for k in (0..dims.len()).rev() {
+        index[k] = flat % dims[k];
+        flat /= dims[k];
+    }
+    index
+}
+
+/// The flat index of multi-index `index` in a row-major tensor of `dims`.
+pub fn ravel(index: &[usize], dims: &[usize]) -> usize {
+    index.iter().zip(dims).fold(0, |flat, (&i, &d)| flat * d + i)
+}
+
 pub fn tensor(v: &[f64], shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
     Ok(Tensor::from_f64(v, shape.to_vec(), dtype, device)?)
 }
@@ -72,6 +87,31 @@ pub fn cases() -> Vec<Case> {
         ("mse_loss", vec![&[3, 4], &[3, 4]], |v| ops::mse_loss(&v[0], &v[1])),
         ("linear relu linear", vec![&[4, 3], &[3, 5], &[5], &[5, 2]], |v| {
             ops::matmul(&ops::relu(&ops::add_row(&ops::matmul(&v[0], &v[1])?, &v[2])?)?, &v[3])
+        }),
+        // Shape ops: each moves elements, and its gradient moves them back.
+        ("narrow", vec![&[3, 5]], |v| ops::narrow(&v[0], 1, 1, 3)),
+        // Along the leading dim the narrowed rows are one contiguous block of the input.
+        ("narrow rows", vec![&[5, 3]], |v| v[0].narrow(0, 2, 2)),
+        ("permute", vec![&[2, 3, 4]], |v| ops::permute(&v[0], &[2, 0, 1])),
+        ("transpose", vec![&[3, 4]], |v| v[0].transpose(1, 0)),
+        ("cat", vec![&[2, 3], &[2, 1], &[2, 2]], |v| ops::cat(&[&v[0], &v[1], &v[2]], 1)),
+        // A variable joined twice: the gradients of its two places add up.
+        ("cat of a variable twice", vec![&[2, 3], &[1, 3]], |v| Var::cat(&[&v[0], &v[1], &v[0]], 0)),
+        ("stack", vec![&[2, 3], &[2, 3]], |v| ops::stack(&[&v[0], &v[1]], 1)),
+        ("squeeze", vec![&[3, 1, 2]], |v| ops::squeeze(&v[0], 1)),
+        ("unsqueeze", vec![&[3, 2]], |v| v[0].unsqueeze(2)),
+        ("reshape", vec![&[2, 6]], |v| ops::reshape(&v[0], [3, 4])),
+        // f32 from f16 and bf16: the gradient comes back in the narrow dtype. In the reference
+        // (all f64) and for f64 inputs the cast keeps f64, so no rounding enters the check.
+        ("to_dtype", vec![&[6]], |v| {
+            let wide = if v[0].value().dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+            ops::mul(&ops::to_dtype(&v[0], wide)?, &ops::to_dtype(&v[0], wide)?)
+        }),
+        // Attention's head split: [rows, heads·d] → [heads, rows, d], then a batched matmul.
+        ("split heads", vec![&[4, 6], &[2, 3, 4]], |v| ops::matmul(&v[0].reshape([4, 2, 3])?.transpose(0, 1)?, &v[1])),
+        ("narrow, stack, squeeze", vec![&[4, 3]], |v| {
+            let (top, bottom) = (v[0].narrow(0, 0, 2)?, v[0].narrow(0, 2, 2)?);
+            ops::mul(&Var::stack(&[&top, &bottom], 0)?.narrow(0, 1, 1)?.squeeze(0)?, &top)
         }),
     ]
 }
@@ -188,7 +228,8 @@ pub fn uniform_gradients_match_tensor_gradients(device: Device) -> Result<()> {
                 let grads = if uniform {
                     tape.backward(&loss)?
                 } else {
-                    let ones = Tensor::full(1.0, loss.value().shape().clone(), dtype, device)?;
+                    // In the loss's dtype, which `to_dtype` makes differ from the inputs'.
+                    let ones = Tensor::full(1.0, loss.value().shape().clone(), loss.value().dtype(), device)?;
                     tape.backward_with(&loss, ones)?
                 };
                 vars.iter().map(|v| Ok(grads.get(v).expect("every input gets a gradient").to_vec_f64()?)).collect()

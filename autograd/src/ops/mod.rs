@@ -36,6 +36,10 @@ macro_rules! record_or_constant {
     }};
 }
 
+// After the macro, which it uses.
+mod layout;
+pub use layout::{cat, narrow, permute, reshape, squeeze, stack, to_dtype, transpose, unsqueeze};
+
 /// `t * v` as a gradient, when `t` was saved (its partner needs a gradient).
 fn scaled(t: Option<&Tensor>, v: f64) -> Result<Option<Grad>> {
     Ok(t.map(|t| host::scale(t, v)).transpose()?.map(Grad::Tensor))
