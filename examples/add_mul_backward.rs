@@ -39,7 +39,7 @@ fn tape_step(fused: bool, x: &Tensor, y: &Tensor, w: &Tensor, g: &Tensor) -> aut
 
 fn main() -> autograd::Result<()> {
     let device = Device::cuda_if_available();
-    let args = Args::parse(device)?;
+    let args = Args::parse(device);
     let (n, dtype) = (args.n(), args.dtype);
     println!("add_mul and its backward on {}, {dtype}, n = 2^{} ({n} elements)", fusion::describe(device)?, args.log2);
 

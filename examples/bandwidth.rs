@@ -68,21 +68,42 @@ struct Row {
     bytes: f64,
 }
 
+/// The GPU bandwidth report: every op against the device's copy bandwidth, as a table, a CSV
+/// and an SVG plot.
+#[derive(clap::Parser)]
+#[command(name = "bandwidth")]
+struct Args {
+    /// Two sizes (2^20 and 2^24) and fewer shapes, instead of 2^20 .. 2^28.
+    #[arg(long)]
+    quick: bool,
+    /// One size only, 2^N elements (for a profiler).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=32))]
+    log2: Option<u32>,
+    /// The softmax and sum sections only.
+    #[arg(long)]
+    softmax: bool,
+    /// Only the host-overhead table at n = 1024.
+    #[arg(long)]
+    host_only: bool,
+    /// Where bandwidth.csv and bandwidth.svg go.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    out: std::path::PathBuf,
+    /// Also time the kernels of another PTX build of opsmith's kernels (repeatable).
+    #[arg(long, value_name = "FILE")]
+    ptx: Vec<String>,
+    /// The grid shapes --ptx times: wave, cover/1, cover/2, cover/4 (repeatable; all when not given).
+    #[arg(long, value_name = "SHAPE")]
+    grid: Vec<String>,
+    /// The block sizes --ptx times (repeatable).
+    #[arg(long, value_name = "N", default_values_t = [DEFAULT_BLOCK])]
+    block: Vec<u32>,
+}
+
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    // `--ptx FILE`, as often as wanted.
-    let repeated = |name: &str| -> Vec<String> {
-        args.iter().zip(args.iter().skip(1)).filter(|(flag, _)| *flag == name).map(|(_, f)| f.clone()).collect()
-    };
-    let extra_ptx = repeated("--ptx");
-    // `--grid SHAPE` (wave, cover/1, cover/2, cover/4), as often as wanted: the grid shapes
-    // `--ptx` times; all four when not given.
-    let grids = repeated("--grid");
-    // `--block N`, as often as wanted: the block sizes `--ptx` times (default 256).
-    let blocks: Vec<u32> = repeated("--block").iter().filter_map(|b| b.parse().ok()).collect();
-    let blocks = if blocks.is_empty() { vec![DEFAULT_BLOCK] } else { blocks };
-    let grids = (grids, blocks);
+    let args = <Args as clap::Parser>::parse();
+    let quick = args.quick;
+    let extra_ptx = args.ptx;
+    let grids = (args.grid, args.block);
     let device = Device::cuda_if_available();
     let Device::Cuda(ordinal) = device else {
         println!(
@@ -99,19 +120,15 @@ fn main() -> Result<()> {
         opsmith::cuda::prebuilt::choose_image(cc_major, cc_minor)
     );
     // `--host-only`: just the host-overhead table (quick, for repeated runs beside torch's).
-    if args.iter().any(|a| a == "--host-only") {
+    if args.host_only {
         return small_tensor_overhead(&dev, device);
     }
-    // `--log2 N` measures one size only (for profilers).
-    let only: Option<u32> =
-        args.iter().position(|a| a == "--log2").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok());
-    let sizes: Vec<u32> = match only {
+    let sizes: Vec<u32> = match args.log2 {
         Some(n) => vec![n],
         None if quick => vec![20, 24],
         None => vec![20, 22, 24, 26, 28],
     };
-    let out_dir = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).map(std::path::PathBuf::from);
-    let out_dir = out_dir.unwrap_or_else(|| ".".into());
+    let out_dir = args.out;
 
     // The ceiling: a device-to-device copy of the largest size, counting bytes read plus written.
     let copy_log2 = sizes.last().copied().unwrap_or(24);
@@ -123,7 +140,7 @@ fn main() -> Result<()> {
     drop((src, dst));
     println!("device-to-device copy, 2^{copy_log2} f32: {copy_ms:.3} ms, {copy_gbs:.0} GB/s (read + write)");
 
-    let softmax_only = args.iter().any(|a| a == "--softmax");
+    let softmax_only = args.softmax;
     let mut rows = Vec::new();
     let mut copy_at = Vec::new();
     for &log2n in sizes.iter().filter(|_| !softmax_only) {
@@ -177,7 +194,7 @@ fn main() -> Result<()> {
         }
     }
 
-    if only.is_none() {
+    if args.log2.is_none() {
         softmax_section(&dev, device, quick, &mut rows)?;
         sum_section(&dev, device, quick, &mut rows)?;
     }

@@ -15,13 +15,24 @@ use opsmith::{Device, Result, Tensor};
 /// Hand-written PTX: `scale_f32(x, y, a, n)` writes `y[i] = a * x[i]` for `i < n` (a 32-bit n).
 const SCALE_PTX: &str = include_str!("ptx/scale.ptx");
 
+/// Launches hand-written PTX through opsmith's checked path; given a file, only loads it and
+/// counts its kernels.
+#[derive(clap::Parser)]
+#[command(name = "external_ptx")]
+struct Args {
+    /// A PTX file of your own to load instead.
+    #[arg(value_name = "PTX")]
+    ptx: Option<String>,
+}
+
 fn main() -> Result<()> {
+    let args = <Args as clap::Parser>::parse();
     let device = Device::cuda_if_available();
     let Device::Cuda(ordinal) = device else {
         println!("no CUDA device: PTX modules load on CUDA devices only (Device::Cpu has no PTX)");
         return Ok(());
     };
-    if let Some(path) = std::env::args().nth(1) {
+    if let Some(path) = args.ptx {
         let text = std::fs::read_to_string(&path).map_err(|e| opsmith::host::Error::InvalidArgument {
             op: "external_ptx",
             reason: format!("{path}: {e}"),

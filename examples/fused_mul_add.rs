@@ -23,7 +23,7 @@ use opsmith::{Device, Result, Tensor, ops};
 
 fn main() -> Result<()> {
     let device = Device::cuda_if_available();
-    let args = Args::parse(device)?;
+    let args = Args::parse(device);
     let (n, dtype) = (args.n(), args.dtype);
     println!("fused_mul_add on {}, {dtype}, n = 2^{} ({n} elements)\n", fusion::describe(device)?, args.log2);
 

@@ -15,6 +15,9 @@
 //!   OPSMITH_RANK=1 OPSMITH_LOCAL_RANK=1 train_ddp        OPSMITH_RANK=3 OPSMITH_LOCAL_RANK=1 train_ddp
 //! ```
 //!
+//! Each variable has a flag that wins over it: `--dist-addr`, `--world-size`, `--rank`,
+//! `--local-rank` (`--help` lists them).
+//!
 //! Without a GPU it trains one replica on the CPU (nothing to average) and says so. NCCL's
 //! NVLink multicast stays off (`NCCL_NVLS_ENABLE=0`) unless the environment sets it.
 use opsmith::autograd::data_parallel::DataParallel;
@@ -22,9 +25,9 @@ use opsmith::autograd::nn::{Activation, Mlp};
 use opsmith::autograd::optim::{Adam, AdamConfig, Optimizer};
 use opsmith::autograd::{Result, Tape, Var, no_grad, ops};
 use opsmith::host::Labels;
-use opsmith::host::dist::{ADDR_ENV, Communicator, addr_from_env, bootstrap_tcp};
+use opsmith::host::dist::{ADDR_ENV, Communicator, bootstrap_tcp};
 use opsmith::{DType, Device, Tensor, cuda};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 #[path = "common/spirals.rs"]
@@ -46,8 +49,33 @@ struct Report {
     accuracy: Option<f64>,
 }
 
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
+/// Data-parallel training of train_mlp's model over every visible GPU, or one process per GPU
+/// across hosts (set --rank and --world-size, or their environment variables).
+#[derive(clap::Parser)]
+#[command(name = "train_ddp")]
+struct Args {
+    /// This process's rank, when one process runs per GPU (needs --world-size).
+    #[arg(long, env = "OPSMITH_RANK", value_name = "N", requires = "world_size")]
+    rank: Option<usize>,
+    /// How many processes in all (needs --rank).
+    #[arg(long, env = "OPSMITH_WORLD_SIZE", value_name = "N", requires = "rank")]
+    world_size: Option<usize>,
+    /// The GPU this process trains on [default: its rank].
+    #[arg(long, env = "OPSMITH_LOCAL_RANK", value_name = "N")]
+    local_rank: Option<usize>,
+    /// Rank 0's address, reachable from every host [default: 127.0.0.1:29500 across processes,
+    /// a free loopback port within one].
+    #[arg(long, env = ADDR_ENV, value_name = "HOST:PORT")]
+    dist_addr: Option<String>,
+}
+
+/// `host:port` to an address (a host name is looked up).
+fn resolve(text: &str) -> Result<SocketAddr> {
+    let invalid = |reason: String| opsmith::autograd::Error::InvalidConfig { what: "train_ddp", reason };
+    text.to_socket_addrs()
+        .map_err(|e| invalid(format!("--dist-addr {text:?} is not a host:port address: {e}")))?
+        .next()
+        .ok_or_else(|| invalid(format!("--dist-addr {text:?} resolves to no address")))
 }
 
 /// Trains rank `rank` of `world` on `device`; the communicator is made through the TCP
@@ -108,11 +136,11 @@ fn train_rank(rank: usize, world: usize, device: Device, addr: Option<SocketAddr
     Ok(Report { rank, first_loss, last_loss, ms_per_step, accuracy })
 }
 
-fn run() -> Result<Vec<Report>> {
+fn run(args: Args) -> Result<Vec<Report>> {
     // Launched per process (several hosts): the launcher gives each its rank.
-    if let (Some(rank), Some(world)) = (env_usize("OPSMITH_RANK"), env_usize("OPSMITH_WORLD_SIZE")) {
-        let local = env_usize("OPSMITH_LOCAL_RANK").unwrap_or(rank);
-        let addr = addr_from_env(ADDR_ENV, "127.0.0.1:29500")?;
+    if let (Some(rank), Some(world)) = (args.rank, args.world_size) {
+        let local = args.local_rank.unwrap_or(rank);
+        let addr = resolve(args.dist_addr.as_deref().unwrap_or("127.0.0.1:29500"))?;
         println!("rank {rank} of {world} on cuda:{local}, rank 0 at {addr}");
         return Ok(vec![train_rank(rank, world, Device::Cuda(local), Some(addr))?]);
     }
@@ -122,9 +150,9 @@ fn run() -> Result<Vec<Report>> {
         return Ok(vec![train_rank(0, 1, Device::Cpu, None)?]);
     }
     // One thread per GPU, through the same TCP bootstrap as separate processes would use.
-    let addr = match std::env::var(ADDR_ENV) {
-        Ok(_) => addr_from_env(ADDR_ENV, "127.0.0.1:29500")?,
-        Err(_) => free_loopback_port()?,
+    let addr = match &args.dist_addr {
+        Some(addr) => resolve(addr)?,
+        None => free_loopback_port()?,
     };
     println!("data-parallel over {gpus} GPU(s), {} points per GPU, one thread each", POINTS / gpus);
     let threads: Vec<_> = (0..gpus)
@@ -151,7 +179,7 @@ fn free_loopback_port() -> Result<SocketAddr> {
 }
 
 fn main() {
-    match run() {
+    match run(<Args as clap::Parser>::parse()) {
         Ok(reports) => {
             for r in &reports {
                 println!(

@@ -33,64 +33,52 @@ use spirals::{accuracy, spirals};
 /// The accuracy this example promises on held-out points; it exits with an error below it.
 const REQUIRED_ACCURACY: f64 = 0.95;
 
+/// Trains a [2, hidden, 2] MLP on two interleaved spirals, reports its held-out accuracy and
+/// writes its weights as safetensors (the file `serve` loads).
+#[derive(clap::Parser)]
+#[command(name = "train_mlp")]
 struct Args {
-    device: Device,
+    /// Where to train [default: cuda if there is a GPU, else cpu].
+    #[arg(long, value_enum)]
+    device: Option<DeviceFlag>,
+    /// Training steps.
+    #[arg(long, value_name = "N", default_value_t = 600)]
     steps: usize,
+    /// Hidden units.
+    #[arg(long, value_name = "N", default_value_t = 128)]
     hidden: usize,
+    /// Training points (and as many held-out ones).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
     points: usize,
+    /// Where the trained weights go.
+    #[arg(long, value_name = "FILE", default_value = "target/mlp.safetensors")]
     out: PathBuf,
+    /// Replay every step after the second as a CUDA graph (needs --device cuda and a GPU).
+    #[arg(long)]
     graph: bool,
 }
 
-fn parse_args() -> std::result::Result<Args, String> {
-    let mut args = Args {
-        device: Device::cuda_if_available(),
-        steps: 600,
-        hidden: 128,
-        points: 1024,
-        out: "target/mlp.safetensors".into(),
-        graph: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--device" => {
-                args.device = match value()?.as_str() {
-                    "cpu" => Device::Cpu,
-                    "cuda" => Device::Cuda(0),
-                    other => return Err(format!("--device: expected cpu or cuda, got {other}")),
-                }
-            }
-            "--steps" => args.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
-            "--hidden" => args.hidden = value()?.parse().map_err(|e| format!("--hidden: {e}"))?,
-            "--points" => args.points = value()?.parse().map_err(|e| format!("--points: {e}"))?,
-            "--out" => args.out = value()?.into(),
-            "--graph" => args.graph = true,
-            "--help" | "-h" => {
-                return Err(
-                    "usage: train_mlp [--device cpu|cuda] [--steps N] [--hidden N] [--points N] [--out FILE] [--graph]"
-                        .into(),
-                );
-            }
-            other => return Err(format!("unknown argument {other} (try --help)")),
-        }
-    }
-    if args.graph && !args.device.is_cuda() {
-        return Err("--graph replays steps as a CUDA graph and needs --device cuda (and a GPU)".into());
-    }
-    Ok(args)
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DeviceFlag {
+    Cpu,
+    Cuda,
 }
 
 fn main() -> Result<()> {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(message) => {
-            eprintln!("{message}");
-            std::process::exit(2);
-        }
+    let args = <Args as clap::Parser>::parse();
+    let device = match args.device {
+        Some(DeviceFlag::Cpu) => Device::Cpu,
+        Some(DeviceFlag::Cuda) => Device::Cuda(0),
+        None => Device::cuda_if_available(),
     };
-    let device = args.device;
+    if args.graph && !device.is_cuda() {
+        <Args as clap::CommandFactory>::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--graph replays steps as a CUDA graph and needs --device cuda (and a GPU)",
+            )
+            .exit();
+    }
     println!("training a [2, {}, 2] MLP on {} spiral points, on {device}", args.hidden, args.points);
 
     let (train_x, train_y) = spirals(args.points, 1);

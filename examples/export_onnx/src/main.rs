@@ -156,8 +156,18 @@ fn export_filter(dir: &Path, sampler: &mut Sampler) -> Result<()> {
     write(dir, "filter3x3_float32", &model, vec![("image", tensor_json(image.value())?)], vec![("edges", &edges)])
 }
 
+/// Writes ONNX models of train_mlp's MLP, the fused ops and the custom op, each with sample
+/// inputs and opsmith's outputs, for `scripts/onnx_check.py`.
+#[derive(clap::Parser)]
+#[command(name = "export_onnx")]
+struct Args {
+    /// Where the .onnx and .json files go.
+    #[arg(value_name = "OUT_DIR", default_value = "target/onnx")]
+    dir: PathBuf,
+}
+
 fn main() -> Result<()> {
-    let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "target/onnx".into()));
+    let dir = <Args as clap::Parser>::parse().dir;
     let _inference = no_grad();
     let mut sampler = Sampler(2026);
     for dtype in [DType::F32, DType::F16] {

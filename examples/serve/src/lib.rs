@@ -4,6 +4,8 @@
 //!
 //! * `POST /v1/predict` takes `{"inputs": [[f32; features], ...]}` and answers
 //!   `{"outputs": [{"class": k, "probabilities": [...]}, ...]}`, one output per input row.
+//! * `GET /metrics` answers the service's metrics in the Prometheus text format: requests by
+//!   route and status, latency and batch-size histograms, the queue's depth (see [`metrics`]).
 //! * `GET /healthz` answers `{"status": "ok", "device": ..., "sizes": [...], "workers": n,
 //!   "workers_alive": n, "inference_panics": 0, ...}`; `"degraded"` (still 200) with a
 //!   `"reason"` when some workers have stopped, and 503 `"unavailable"` when none is left, so a
@@ -40,6 +42,13 @@
 //!   [`router`] and [`Server::new`]) names the field at fault in a [`ConfigError`]; a model file
 //!   is checked whole by [`Model::load`].
 //!
+//! # Logs
+//!
+//! The service emits [`tracing`] events: each answered request at `debug`, 5xx answers,
+//! a full queue and connection failures at `warn`, inference panics and stopped workers at
+//! `error`. The `serve` binary installs a subscriber (text or JSON, see [`cli::Args`]); a program
+//! that mounts [`router`] keeps its own.
+//!
 //! The defaults ([`Config::default`]) suit a service behind a load balancer on a fast network:
 //! 10 s for headers, body and each stalled send, 30 s per request, 1,024 connections.
 use axum::extract::rejection::JsonRejection;
@@ -68,8 +77,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot, watch};
 
+pub mod cli;
+pub mod metrics;
 #[cfg(test)]
 mod tests;
+
+use metrics::Metrics;
 
 /// The service's limits, timeouts and batching. [`Config::validate`] says which values work.
 #[derive(Clone, Debug)]
@@ -336,6 +349,8 @@ struct Workers {
     panics: AtomicU64,
     /// How the last worker to stop stopped.
     last_exit: Mutex<Option<String>>,
+    /// Where the workers record the batches they run and the requests they take off the queue.
+    metrics: Arc<Metrics>,
 }
 
 /// Counts its worker among the living until the thread ends, however it ends (a panic unwinds
@@ -354,7 +369,13 @@ impl Alive {
 
 impl Drop for Alive {
     fn drop(&mut self) {
-        let how = if std::thread::panicking() { "panicked" } else { "stopped" };
+        let how = if std::thread::panicking() {
+            tracing::error!(worker = self.index, "worker panicked");
+            "panicked"
+        } else {
+            tracing::debug!(worker = self.index, "worker stopped");
+            "stopped"
+        };
         *self.workers.last_exit.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(format!("worker {} {how}", self.index));
         self.workers.alive.fetch_sub(1, Ordering::SeqCst);
@@ -432,6 +453,7 @@ fn app(model: Arc<Model>, config: Config, predict_fn: Arc<PredictFn>) -> Result<
         alive: AtomicUsize::new(0),
         panics: AtomicU64::new(0),
         last_exit: Mutex::new(None),
+        metrics: Arc::new(Metrics::default()),
     });
     for worker in 0..config.workers {
         let (model, jobs, config, predict_fn, health) =
@@ -447,13 +469,47 @@ fn app(model: Arc<Model>, config: Config, predict_fn: Arc<PredictFn>) -> Result<
             .map_err(|reason| StartError::Worker { worker, reason })?;
     }
     let (body_limit, request_timeout) = (config.max_body_bytes, config.request_timeout);
+    let metrics = workers.metrics.clone();
     let state = Arc::new(AppState { model, config, queue, workers });
     Ok(Router::new()
         .route("/v1/predict", post(predict))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(render_metrics))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(request_timeout, request_deadline))
+        // Outermost: it sees every answer, the request timeout's 503s and the 404s included.
+        .layer(middleware::from_fn_with_state(metrics, observe))
         .with_state(state))
+}
+
+/// The route label of a request: one of the service's routes, or "other" (any path a client
+/// makes up must not become a new time series).
+fn route_of(path: &str) -> &'static str {
+    match path {
+        "/v1/predict" => "/v1/predict",
+        "/healthz" => "/healthz",
+        "/metrics" => "/metrics",
+        _ => "other",
+    }
+}
+
+/// Counts and times each answer, and logs it: at `debug`, or `warn` for a 5xx.
+async fn observe(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let (method, route) = (request.method().clone(), route_of(request.uri().path()));
+    let response = next.run(request).await;
+    let (status, took) = (response.status(), started.elapsed());
+    metrics.request(route, status.as_u16(), took);
+    if status.is_server_error() {
+        tracing::warn!(%method, route, status = status.as_u16(), seconds = took.as_secs_f64(), "request failed");
+    } else {
+        tracing::debug!(%method, route, status = status.as_u16(), seconds = took.as_secs_f64(), "request");
+    }
+    response
+}
+
+async fn render_metrics(State(state): State<Arc<AppState>>) -> Response {
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], state.workers.metrics.render()).into_response()
 }
 
 /// A worker: its own stream on CUDA; takes a request, merges what else arrives within
@@ -491,16 +547,19 @@ fn run_worker(
             // queued if the receiver is free, and otherwise runs alone at once. Waiting for the
             // lock could wait forever: another worker holds it while it blocks for a new request.
             Some(first) => match jobs.try_lock() {
-                Ok(jobs) => collect_into(&jobs, first, config, &mut carried),
+                Ok(jobs) => collect_into(&jobs, first, config, &mut carried, &workers.metrics),
                 Err(TryLockError::Poisoned(poisoned)) => {
-                    collect_into(&poisoned.into_inner(), first, config, &mut carried)
+                    collect_into(&poisoned.into_inner(), first, config, &mut carried, &workers.metrics)
                 }
                 Err(TryLockError::WouldBlock) => vec![first],
             },
             None => {
                 let jobs = jobs.lock().unwrap_or_else(PoisonError::into_inner);
                 match jobs.recv() {
-                    Ok(first) => collect_into(&jobs, first, config, &mut carried),
+                    Ok(first) => {
+                        workers.metrics.queue_changed(-1);
+                        collect_into(&jobs, first, config, &mut carried, &workers.metrics)
+                    }
                     Err(_) => return, // the router is gone
                 }
             }
@@ -510,21 +569,31 @@ fn run_worker(
 }
 
 /// [`collect`], with the request that did not fit put in `carried`.
-fn collect_into(jobs: &Receiver<Job>, first: Job, config: &Config, carried: &mut Option<Job>) -> Vec<Job> {
-    let (batch, rest) = collect(jobs, first, config);
+fn collect_into(
+    jobs: &Receiver<Job>,
+    first: Job,
+    config: &Config,
+    carried: &mut Option<Job>,
+    metrics: &Metrics,
+) -> Vec<Job> {
+    let (batch, rest) = collect(jobs, first, config, metrics);
     *carried = rest;
     batch
 }
 
 /// `first` and what else arrives within `max_wait`, up to `max_merged_rows` rows; a request
 /// that would overflow the batch comes back apart, to start the next one.
-fn collect(jobs: &Receiver<Job>, first: Job, config: &Config) -> (Vec<Job>, Option<Job>) {
+fn collect(jobs: &Receiver<Job>, first: Job, config: &Config, metrics: &Metrics) -> (Vec<Job>, Option<Job>) {
     // Config::validate bounds max_wait; if the clock could not add it, don't wait at all.
     let deadline = Instant::now().checked_add(config.max_wait).unwrap_or_else(Instant::now);
     let mut rows = first.rows;
     let mut batch = vec![first];
     while rows < config.max_merged_rows {
-        match jobs.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        let next = jobs.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+        if next.is_ok() {
+            metrics.queue_changed(-1);
+        }
+        match next {
             Ok(job) if rows + job.rows <= config.max_merged_rows => {
                 rows += job.rows;
                 batch.push(job);
@@ -575,12 +644,19 @@ fn infer(model: &Model, predict: &PredictFn, jobs: &[Job], workers: &Workers) ->
     let rows: usize = jobs.iter().map(|j| j.rows).sum();
     let inputs: Vec<f32> = jobs.iter().flat_map(|j| j.inputs.iter().copied()).collect();
     let expected = rows * model.classes();
+    workers.metrics.batch(rows, jobs.len());
     match catch_unwind(AssertUnwindSafe(|| predict(model, &inputs, rows))) {
         Ok(Ok(probabilities)) if probabilities.len() == expected => Ok(probabilities),
         Ok(Ok(probabilities)) => {
-            Err(format!("inference returned {} values for {rows} rows; expected {expected}", probabilities.len()))
+            let message =
+                format!("inference returned {} values for {rows} rows; expected {expected}", probabilities.len());
+            tracing::error!(rows, requests = jobs.len(), "{message}");
+            Err(message)
         }
-        Ok(Err(e)) => Err(format!("inference failed: {e}")),
+        Ok(Err(e)) => {
+            tracing::error!(rows, requests = jobs.len(), error = %e, "inference failed");
+            Err(format!("inference failed: {e}"))
+        }
         Err(payload) => {
             workers.panics.fetch_add(1, Ordering::Relaxed);
             let message = payload
@@ -588,6 +664,7 @@ fn infer(model: &Model, predict: &PredictFn, jobs: &[Job], workers: &Workers) ->
                 .copied()
                 .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
                 .unwrap_or("(no message)");
+            tracing::error!(rows, requests = jobs.len(), message, "inference panicked");
             Err(format!("inference panicked: {message}"))
         }
     }
@@ -650,10 +727,18 @@ async fn predict(State(state): State<Arc<AppState>>, request: Request) -> Respon
     }
     let (reply, answer) = oneshot::channel();
     let job = Job { inputs: request.inputs.into_iter().flatten().collect(), rows, reply };
+    // Counted before the send: a worker may take the job (and count it out) before try_send returns.
+    let metrics = &state.workers.metrics;
+    metrics.queue_changed(1);
     match state.queue.try_send(job) {
-        Ok(()) => {}
-        Err(TrySendError::Full(_)) => return error(StatusCode::SERVICE_UNAVAILABLE, "the queue is full; retry later"),
+        Ok(()) => tracing::debug!(rows, "request queued"),
+        Err(TrySendError::Full(_)) => {
+            metrics.queue_changed(-1);
+            tracing::warn!(capacity = state.config.queue_capacity, "the queue is full; answering 503");
+            return error(StatusCode::SERVICE_UNAVAILABLE, "the queue is full; retry later");
+        }
         Err(TrySendError::Disconnected(_)) => {
+            metrics.queue_changed(-1);
             return error(StatusCode::SERVICE_UNAVAILABLE, "the workers have stopped");
         }
     }
@@ -798,9 +883,10 @@ impl Server {
             let stream = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => stream,
-                    Err(_) => {
+                    Err(e) => {
                         // Out of file descriptors, a connection reset while queued, ...: pause
                         // rather than spin, then try again.
+                        tracing::warn!(error = %e, "accepting a connection failed; retrying in 50 ms");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
@@ -815,16 +901,32 @@ impl Server {
                 let mut connection = pin!(connection);
                 tokio::select! {
                     // Errors here are the client's (a timeout, a reset): nothing to answer.
-                    _ = connection.as_mut() => return,
+                    result = connection.as_mut() => {
+                        if let Err(e) = result {
+                            tracing::debug!(error = %e, "connection closed with an error");
+                        }
+                        return;
+                    }
                     _ = stopped.changed() => {}
                 }
                 connection.as_mut().graceful_shutdown();
-                let _ = connection.await;
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "connection closed with an error while shutting down");
+                }
             });
         }
         drop(stop);
+        let open = config.max_connections.saturating_sub(permits.available_permits());
+        tracing::info!(open_connections = open, "shutting down: no new connections; letting open ones finish");
         let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
-        let _ = tokio::time::timeout(config.request_timeout + config.send_timeout, permits.acquire_many(all)).await;
+        let limit = config.request_timeout + config.send_timeout;
+        match tokio::time::timeout(limit, permits.acquire_many(all)).await {
+            Ok(_) => tracing::info!("every connection has closed"),
+            Err(_) => tracing::warn!(
+                open_connections = config.max_connections.saturating_sub(permits.available_permits()),
+                "connections still open after {limit:?}; leaving them"
+            ),
+        }
     }
 }
 

@@ -1,118 +1,48 @@
-//! `serve`: the MLP that `train_mlp` wrote, behind `POST /v1/predict` and `GET /healthz`.
+//! `serve`: the MLP that `train_mlp` wrote, behind `POST /v1/predict`, `GET /healthz` and
+//! `GET /metrics`.
 //!
 //! ```text
 //! cargo run --release --example train_mlp                  # writes target/mlp.safetensors
 //! cargo run --release -p opsmith-example-serve -- --addr 127.0.0.1:8080
+//! OPSMITH_SERVE_WORKERS=4 OPSMITH_SERVE_LOG_FORMAT=json cargo run --release -p opsmith-example-serve
 //! curl -s localhost:8080/v1/predict -H 'content-type: application/json' -d '{"inputs": [[0.3, -0.2]]}'
+//! curl -s localhost:8080/metrics
 //! ```
 //!
+//! `--help` lists every flag and its environment variable. SIGTERM or Ctrl-C stops the service
+//! gracefully: no new connections, the requests in flight are answered, then it exits 0.
+//!
 //! `--once` starts the service on a free loopback port, sends it one health check and one
-//! prediction, prints both answers and exits (what CI runs).
-use opsmith::Device;
-use opsmith_example_serve::{Config, Model, Server, StartError};
+//! prediction through an HTTP client, prints both answers and exits: 0 when both are 200 (what
+//! CI runs).
+use clap::Parser;
+use opsmith_example_serve::cli::{Args, LogFormat, flag_for};
+use opsmith_example_serve::{Model, Server, StartError};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-struct Args {
-    model: String,
-    addr: SocketAddr,
-    device: Device,
-    config: Config,
-    once: bool,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        model: "target/mlp.safetensors".into(),
-        addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
-        device: Device::cuda_if_available(),
-        config: Config::default(),
-        once: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--model" => args.model = value()?,
-            "--addr" => args.addr = value()?.parse().map_err(|e| format!("--addr: {e}"))?,
-            "--device" => {
-                args.device = match value()?.as_str() {
-                    "cpu" => Device::Cpu,
-                    "cuda" => Device::Cuda(0),
-                    other => return Err(format!("--device: expected cpu or cuda, got {other}")),
-                }
-            }
-            "--workers" => args.config.workers = value()?.parse().map_err(|e| format!("--workers: {e}"))?,
-            "--max-request-rows" => {
-                args.config.max_request_rows = value()?.parse().map_err(|e| format!("--max-request-rows: {e}"))?
-            }
-            "--max-wait-us" => {
-                args.config.max_wait =
-                    Duration::from_micros(value()?.parse().map_err(|e| format!("--max-wait-us: {e}"))?)
-            }
-            "--max-connections" => {
-                args.config.max_connections = value()?.parse().map_err(|e| format!("--max-connections: {e}"))?
-            }
-            "--header-timeout-ms" => args.config.header_timeout = millis(&flag, &value()?)?,
-            "--body-timeout-ms" => args.config.body_timeout = millis(&flag, &value()?)?,
-            "--request-timeout-ms" => args.config.request_timeout = millis(&flag, &value()?)?,
-            "--send-timeout-ms" => args.config.send_timeout = millis(&flag, &value()?)?,
-            "--once" => {
-                args.once = true;
-                args.addr = SocketAddr::from(([127, 0, 0, 1], 0));
-            }
-            "--help" | "-h" => {
-                return Err("usage: serve [--model FILE] [--addr IP:PORT] [--device cpu|cuda] [--workers N] \
-                            [--max-request-rows N] [--max-wait-us N] [--max-connections N] \
-                            [--header-timeout-ms N] [--body-timeout-ms N] [--request-timeout-ms N] \
-                            [--send-timeout-ms N] [--once]"
-                    .into());
-            }
-            other => return Err(format!("unknown argument {other} (try --help)")),
-        }
-    }
-    Ok(args)
-}
-
-fn millis(flag: &str, value: &str) -> Result<Duration, String> {
-    Ok(Duration::from_millis(value.parse().map_err(|e| format!("{flag}: {e}"))?))
-}
-
-/// One HTTP/1.1 request over a fresh connection; returns the status line and the body.
-async fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::io::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await?;
-    let status = answer.lines().next().unwrap_or_default().to_string();
-    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
-    Ok(format!("{status}  {body}"))
-}
+use tracing::level_filters::LevelFilter;
 
 #[tokio::main]
 async fn main() {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(message) => {
-            eprintln!("{message}");
-            std::process::exit(2);
-        }
-    };
+    // Bad flags: clap's message and usage, exit status 2.
+    let args = Args::parse();
+    let level = LevelFilter::from(args.log_level);
+    // Logs go to stderr, so that `--once` prints only its answers on stdout.
+    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr).with_max_level(level);
+    match args.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
     if let Err(e) = run(args).await {
-        eprintln!("serve: {e}");
+        tracing::error!("{e}");
         std::process::exit(1);
     }
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let model = Arc::new(Model::load(&args.model, args.device).map_err(|e| match e {
+    let (device, config) = (args.device(), args.config());
+    let model = Arc::new(Model::load(&args.model, device).map_err(|e| match e {
         // A missing or unreadable file: say how to make one. A file that is there but invalid
         // names its tensor, and needs no hint.
         StartError::Model(opsmith::autograd::Error::ModelFile { .. }) => {
@@ -121,23 +51,79 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         other => other.to_string(),
     })?);
     let features = model.features();
-    let server = Server::new(model, args.config.clone())?;
-    let listener = tokio::net::TcpListener::bind(args.addr).await?;
+    let server = Server::new(model, config.clone()).map_err(|e| match &e {
+        StartError::Config(bad) => match flag_for(bad) {
+            Some((flag, var)) => format!("{e} (set by {flag} or {var})"),
+            None => e.to_string(),
+        },
+        _ => e.to_string(),
+    })?;
+    let listener = tokio::net::TcpListener::bind(args.listen_addr()).await?;
     let addr = listener.local_addr()?;
-    println!("serving on http://{addr} on {} with {} workers", args.device, args.config.workers);
+    tracing::info!(%addr, %device, workers = config.workers, model = %args.model.display(), "serving");
     if args.once {
-        let server = tokio::spawn(server.serve(listener));
-        println!("GET /healthz      -> {}", request(addr, "GET", "/healthz", "").await?);
-        let row: Vec<String> = (0..features).map(|i| format!("{:.2}", 0.3 - 0.2 * i as f64)).collect();
-        let body = format!("{{\"inputs\": [[{}]]}}", row.join(", "));
-        println!("POST /v1/predict  -> {}", request(addr, "POST", "/v1/predict", &body).await?);
-        server.abort();
-        return Ok(());
+        return once(server, listener, addr, features).await;
     }
-    server
-        .serve_until(listener, async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await;
+    server.serve_until(listener, shutdown_signal()).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Completes on SIGTERM (how container runtimes and systemd stop a service) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            // Without a handler, wait for SIGTERM alone rather than stop at once.
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("Ctrl-C: shutting down"),
+        () = terminate => tracing::info!("SIGTERM: shutting down"),
+    }
+}
+
+/// `--once`: one health check and one prediction over HTTP, then a graceful stop.
+async fn once(
+    server: Server,
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    features: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.serve_until(listener, async {
+        let _ = stopped.await;
+    }));
+    // Loopback only: a proxy from the environment (HTTP_PROXY) must not take these requests.
+    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(30)).build()?;
+    let base = format!("http://{addr}");
+    let health = client.get(format!("{base}/healthz")).send().await?;
+    let health_status = health.status();
+    println!("GET /healthz      -> {health_status}  {}", health.text().await?);
+    let row: Vec<f64> = (0..features).map(|i| 0.3 - 0.2 * i as f64).collect();
+    let predicted =
+        client.post(format!("{base}/v1/predict")).json(&serde_json::json!({ "inputs": [row] })).send().await?;
+    let predict_status = predicted.status();
+    println!("POST /v1/predict  -> {predict_status}  {}", predicted.text().await?);
+    let _ = stop.send(());
+    serving.await?;
+    if !health_status.is_success() || !predict_status.is_success() {
+        return Err(format!("--once: /healthz answered {health_status}, /v1/predict answered {predict_status}").into());
+    }
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The worker machinery with a stand-in inference that panics or stalls on purpose (the real
 //! model has no input that does): a panic fails only its own request, a request that does not
 //! fit a batch never runs under the queue's lock, a request whose client gave up is not
-//! computed, and `/healthz` reports workers that have stopped.
+//! computed, `/healthz` reports workers that have stopped, and `/metrics` counts the requests
+//! waiting behind a slow batch.
 use super::*;
 use opsmith::DType;
 use opsmith::autograd::Tape;
@@ -199,6 +200,7 @@ async fn healthz_reports_workers_that_have_stopped() {
         alive: AtomicUsize::new(0),
         panics: AtomicU64::new(0),
         last_exit: Mutex::new(None),
+        metrics: Arc::new(Metrics::default()),
     });
     let state = Arc::new(AppState {
         model: model(),
@@ -248,4 +250,62 @@ async fn healthz_reports_workers_that_have_stopped() {
         (StatusCode::SERVICE_UNAVAILABLE, &"unavailable".into(), &0.into())
     );
     assert_eq!(body["reason"], "2 of 2 workers have stopped (last: worker 1 stopped)");
+}
+
+/// The value of the sample `series` (name and labels, as rendered) in a Prometheus text scrape.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+async fn scrape(client: &reqwest::Client, base: &str) -> String {
+    let answer = client.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    answer.text().await.unwrap()
+}
+
+/// One worker, held by a slow batch: the requests sent meanwhile show as the queue's depth
+/// (2), and once all are answered it is 0 again. The batch histograms agree with the batches
+/// the model was actually given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_show_the_requests_waiting_behind_a_slow_batch() {
+    let (model, calls) = (model(), Calls::default());
+    let config = Config { workers: 1, max_wait: Duration::ZERO, ..Config::default() };
+    let base = serve_rigged(model.clone(), config, rigged(Duration::from_millis(1500), calls.clone())).await;
+    let client = reqwest::Client::new();
+    let send = |rows: Vec<[f32; 2]>| {
+        let (client, base) = (client.clone(), base.clone());
+        tokio::spawn(async move { (post(&client, &base, &rows).await, rows) })
+    };
+    let slow = send(vec![[7.0, 0.0]]);
+    // Until the worker holds the slow batch.
+    let since = Instant::now();
+    while calls.lock().unwrap().is_empty() {
+        assert!(since.elapsed() < Duration::from_secs(5), "the slow request never reached the model");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiting = [send(vec![[0.5, 0.5]]), send(vec![[0.25, 0.25], [1.0, 0.0]])];
+    let mut depth = None;
+    while since.elapsed() < Duration::from_secs(5) {
+        let text = scrape(&client, &base).await;
+        depth = sample(&text, "opsmith_serve_queue_depth");
+        if depth == Some(2.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(depth, Some(2.0), "the two requests behind the slow batch");
+    assert_eq!(calls.lock().unwrap().len(), 1, "the slow batch was still running");
+    for task in std::iter::once(slow).chain(waiting) {
+        let (answer, rows) = task.await.unwrap();
+        assert_right(&model, &answer, &rows);
+    }
+    let text = scrape(&client, &base).await;
+    assert_eq!(sample(&text, "opsmith_serve_queue_depth"), Some(0.0), "{text}");
+    let calls = calls.lock().unwrap().clone();
+    let rows: usize = calls.iter().map(Vec::len).sum();
+    assert_eq!(rows, 4, "{calls:?}");
+    assert_eq!(sample(&text, "opsmith_serve_batch_rows_count"), Some(calls.len() as f64), "{text}");
+    assert_eq!(sample(&text, "opsmith_serve_batch_rows_sum"), Some(4.0), "{text}");
+    assert_eq!(sample(&text, "opsmith_serve_batch_requests_sum"), Some(3.0), "{text}");
+    assert_eq!(sample(&text, "opsmith_serve_requests_total{route=\"/v1/predict\",status=\"200\"}"), Some(3.0));
 }

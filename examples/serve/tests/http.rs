@@ -2,10 +2,12 @@
 //! ones, every tenth of them bad, each answer checked against an f64 forward pass of the same
 //! weights; then each kind of bad request alone, and a good one after them; then slow and
 //! stuck clients over raw TCP, more connections than the cap, bad configurations, rows that
-//! overflow f32 and bad model files.
+//! overflow f32 and bad model files; `/metrics` after known requests, the command line, and a
+//! graceful stop with a request in flight. (tests/process.rs runs the binary itself.)
 use opsmith::autograd::Tape;
 use opsmith::autograd::nn::{Activation, Linear, Mlp};
 use opsmith::{DType, Device, Tensor};
+use opsmith_example_serve::cli::{Args, LogFormat, LogLevel};
 use opsmith_example_serve::{Config, ErrorBody, Model, PredictResponse, Server, StartError, router};
 use reqwest::StatusCode;
 use std::sync::Arc;
@@ -469,4 +471,243 @@ fn a_model_file_with_nan_weights_fails_to_load_naming_the_tensor() {
         Err(other) => panic!("expected InvalidModel, got {other}"),
         Ok(model) => panic!("expected InvalidModel, loaded a model with {} classes", model.classes()),
     }
+}
+
+/// The value of the sample `series` (name and labels, as rendered) in a Prometheus text scrape.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The `le` buckets of one histogram series, in order: (bound, cumulative count).
+fn buckets(text: &str, name: &str, labels: &str) -> Vec<(String, f64)> {
+    let prefix = format!("{name}_bucket{{{labels}le=\"");
+    text.lines()
+        .filter_map(|l| {
+            let (le, value) = l.strip_prefix(&prefix)?.split_once("\"} ")?;
+            Some((le.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// After known requests, `/metrics` counts each by route and status, times each, and its batch
+/// histograms hold exactly the batches run, in the Prometheus text format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_and_time_the_requests_made() {
+    let (base, weights) = start(Config::default()).await;
+    let client = reqwest::Client::new();
+    let url = format!("{base}/v1/predict");
+    // One at a time, so each is a batch of its own: 1 + 2 + 3 + 4 + 5 rows.
+    for n in 1..=5 {
+        let rows: Vec<Vec<f32>> = (0..n).map(|r| row(n, r)).collect();
+        let answer = client.post(&url).json(&serde_json::json!({ "inputs": rows })).send().await.unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+        check(&answer.json().await.unwrap(), &weights, &rows);
+    }
+    for _ in 0..2 {
+        let answer = client.post(&url).json(&serde_json::json!({"inputs": [[1.0, 2.0, 3.0]]})).send().await.unwrap();
+        assert_eq!(answer.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    }
+    assert_eq!(client.get(format!("{base}/healthz")).send().await.unwrap().status(), StatusCode::OK);
+    assert_eq!(client.get(format!("{base}/v2/predict")).send().await.unwrap().status(), StatusCode::NOT_FOUND);
+
+    let answer = client.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    let content_type = answer.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(content_type.starts_with("text/plain; version=0.0.4"), "{content_type}");
+    let text = answer.text().await.unwrap();
+    let requests = |route: &str, status: u16| {
+        sample(&text, &format!("opsmith_serve_requests_total{{route=\"{route}\",status=\"{status}\"}}"))
+    };
+    assert_eq!(requests("/v1/predict", 200), Some(5.0), "{text}");
+    assert_eq!(requests("/v1/predict", 422), Some(2.0), "{text}");
+    assert_eq!(requests("/healthz", 200), Some(1.0), "{text}");
+    // Paths that are no route share one label.
+    assert_eq!(requests("other", 404), Some(1.0), "{text}");
+    // A scrape is counted once answered: not in its own text.
+    assert_eq!(requests("/metrics", 200), None, "{text}");
+
+    // Latency: 7 predictions, buckets cumulative, +Inf equal to the count, a plausible sum.
+    let latency = "opsmith_serve_request_duration_seconds";
+    let predict = buckets(&text, latency, "route=\"/v1/predict\",");
+    assert_eq!(predict.len(), 15, "{text}");
+    assert!(predict.windows(2).all(|w| w[0].1 <= w[1].1), "{predict:?}");
+    assert_eq!(predict.last(), Some(&("+Inf".to_string(), 7.0)));
+    assert_eq!(sample(&text, &format!("{latency}_count{{route=\"/v1/predict\"}}")), Some(7.0));
+    let seconds = sample(&text, &format!("{latency}_sum{{route=\"/v1/predict\"}}")).unwrap();
+    assert!(seconds > 0.0 && seconds < 7.0 * PATIENCE.as_secs_f64(), "{seconds}");
+    assert_eq!(sample(&text, &format!("{latency}_count{{route=\"/healthz\"}}")), Some(1.0));
+
+    // Batches: five of 1..=5 rows, one request each.
+    let rows = buckets(&text, "opsmith_serve_batch_rows", "");
+    let at = |le: &str| rows.iter().find(|(b, _)| b == le).map(|(_, v)| *v);
+    assert_eq!(
+        (at("1"), at("2"), at("4"), at("8"), at("+Inf")),
+        (Some(1.0), Some(2.0), Some(4.0), Some(5.0), Some(5.0))
+    );
+    assert_eq!(sample(&text, "opsmith_serve_batch_rows_sum"), Some(15.0));
+    assert_eq!(sample(&text, "opsmith_serve_batch_rows_count"), Some(5.0));
+    assert_eq!(sample(&text, "opsmith_serve_batch_requests_sum"), Some(5.0));
+    assert_eq!(sample(&text, "opsmith_serve_batch_requests_bucket{le=\"1\"}"), Some(5.0));
+    assert_eq!(sample(&text, "opsmith_serve_queue_depth"), Some(0.0));
+
+    // Each family: HELP, then TYPE, then its samples.
+    for (family, kind) in [
+        ("opsmith_serve_requests_total", "counter"),
+        (latency, "histogram"),
+        ("opsmith_serve_batch_rows", "histogram"),
+        ("opsmith_serve_batch_requests", "histogram"),
+        ("opsmith_serve_queue_depth", "gauge"),
+    ] {
+        let lines: Vec<&str> = text.lines().collect();
+        let help = lines.iter().position(|l| l.starts_with(&format!("# HELP {family} "))).expect(family);
+        assert_eq!(lines[help + 1], format!("# TYPE {family} {kind}"));
+        let first = lines.iter().position(|l| l.starts_with(family)).expect(family);
+        assert_eq!(first, help + 2, "{family}: samples follow HELP and TYPE");
+    }
+    // Every sample line is `name{labels} value` with a number.
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (_, value) = line.rsplit_once(' ').unwrap();
+        assert!(value.parse::<f64>().is_ok() || value == "+Inf", "{line}");
+    }
+
+    // The next scrape counts the first.
+    let text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert_eq!(sample(&text, "opsmith_serve_requests_total{route=\"/metrics\",status=\"200\"}"), Some(1.0));
+}
+
+/// [`Args`] from an explicit argument list, with the environment variables switched off (so
+/// that an `OPSMITH_SERVE_*` set where the tests run cannot change the result; tests/process.rs
+/// checks the variables themselves).
+fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let command = Args::command().mut_args(|arg| arg.env(None::<&'static str>));
+    Args::from_arg_matches(&command.try_get_matches_from(std::iter::once("serve").chain(args.iter().copied()))?)
+}
+
+/// Every flag lands in its `Config` field; no flags give `Config::default()`; bad values and
+/// unknown flags are errors that name the flag.
+#[test]
+fn the_command_line_parses_into_a_config() {
+    let defaults = parse(&[]).unwrap();
+    assert_eq!(format!("{:?}", defaults.config()), format!("{:?}", Config::default()));
+    assert_eq!((defaults.log_format, defaults.log_level, defaults.once), (LogFormat::Text, LogLevel::Info, false));
+    assert_eq!(defaults.listen_addr(), "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(defaults.model, std::path::PathBuf::from("target/mlp.safetensors"));
+
+    let args = parse(&[
+        "--model",
+        "m.safetensors",
+        "--addr",
+        "0.0.0.0:9000",
+        "--device",
+        "cpu",
+        "--workers",
+        "3",
+        "--max-request-rows",
+        "16",
+        "--max-merged-rows",
+        "64",
+        "--max-wait-us",
+        "250",
+        "--queue-capacity",
+        "8",
+        "--max-body-bytes",
+        "1000",
+        "--max-connections",
+        "5",
+        "--header-timeout-ms",
+        "11",
+        "--body-timeout-ms",
+        "12",
+        "--request-timeout-ms",
+        "13",
+        "--send-timeout-ms",
+        "14",
+        "--log-format",
+        "json",
+        "--log-level",
+        "debug",
+    ])
+    .unwrap();
+    let config = args.config();
+    assert_eq!(
+        (config.workers, config.max_request_rows, config.max_merged_rows, config.queue_capacity),
+        (3, 16, 64, 8)
+    );
+    assert_eq!((config.max_body_bytes, config.max_connections), (1000, 5));
+    assert_eq!(config.max_wait, Duration::from_micros(250));
+    let ms = Duration::from_millis;
+    assert_eq!(
+        (config.header_timeout, config.body_timeout, config.request_timeout, config.send_timeout),
+        (ms(11), ms(12), ms(13), ms(14))
+    );
+    assert_eq!((args.log_format, args.log_level, args.device()), (LogFormat::Json, LogLevel::Debug, Device::Cpu));
+    assert_eq!(args.listen_addr(), "0.0.0.0:9000".parse().unwrap());
+    assert_eq!(args.model, std::path::PathBuf::from("m.safetensors"));
+
+    // --once picks a free loopback port, unless --addr says where.
+    assert_eq!(parse(&["--once"]).unwrap().listen_addr(), "127.0.0.1:0".parse().unwrap());
+    assert_eq!(parse(&["--once", "--addr", "127.0.0.1:7"]).unwrap().listen_addr(), "127.0.0.1:7".parse().unwrap());
+
+    for (bad, needle) in [
+        (&["--log-format", "xml"][..], "--log-format"),
+        (&["--workers", "two"], "--workers"),
+        (&["--workers=-1"], "--workers"),
+        (&["--device", "tpu"], "--device"),
+        (&["--addr", "localhost"], "--addr"),
+        (&["--port", "80"], "--port"),
+    ] {
+        let e = parse(bad).expect_err(needle);
+        assert!(e.to_string().contains(needle), "{bad:?}: {e}");
+        assert_eq!(e.exit_code(), 2, "{bad:?}");
+    }
+    // --help names each flag's environment variable.
+    let help = <Args as clap::CommandFactory>::command().render_long_help().to_string();
+    for var in ["OPSMITH_SERVE_MODEL", "OPSMITH_SERVE_WORKERS", "OPSMITH_SERVE_LOG_FORMAT", "OPSMITH_SERVE_ONCE"] {
+        assert!(help.contains(var), "--help lacks {var}");
+    }
+}
+
+/// `serve_until`: once the shutdown future completes, the request in flight (held by a 1.5 s
+/// merge wait) is still answered, right, and only then does `serve_until` return; a connection
+/// opened after the stop is not served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_answers_the_request_in_flight() {
+    let mlp = Mlp::new(&Tape::new(), &SIZES, Activation::Relu, DType::F32, Device::Cpu, 9).unwrap();
+    let weights: Vec<_> = mlp
+        .layers()
+        .iter()
+        .map(|l| (l.weight().value().to_vec_f64().unwrap(), l.bias().value().to_vec_f64().unwrap()))
+        .collect();
+    let hold = Duration::from_millis(1500);
+    let config = Config { workers: 1, max_wait: hold, ..Config::default() };
+    let server = Server::new(Arc::new(Model::from_mlp(mlp)), config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.serve_until(listener, async {
+        let _ = stopped.await;
+    }));
+    let rows = vec![row(4, 0), row(4, 1)];
+    let sent = Instant::now();
+    let in_flight = tokio::spawn({
+        let (url, rows) = (format!("{base}/v1/predict"), rows.clone());
+        async move { reqwest::Client::new().post(url).json(&serde_json::json!({ "inputs": rows })).send().await }
+    });
+    // Well inside the merge wait: the request is in the queue or with the worker.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.send(()).unwrap();
+    let stopped_at = sent.elapsed();
+    let answer = tokio::time::timeout(PATIENCE, in_flight).await.unwrap().unwrap().unwrap();
+    let answered_at = sent.elapsed();
+    assert_eq!(answer.status(), StatusCode::OK);
+    check(&answer.json().await.unwrap(), &weights, &rows);
+    assert!(
+        answered_at >= hold - Duration::from_millis(50) && stopped_at < answered_at,
+        "{stopped_at:?} {answered_at:?}"
+    );
+    tokio::time::timeout(PATIENCE, serving).await.expect("serve_until returns after the last answer").unwrap();
+    // Nobody accepts any more: the listener is closed.
+    let late = reqwest::Client::new().get(format!("{base}/healthz")).timeout(Duration::from_secs(2)).send().await;
+    assert!(late.is_err(), "served after the stop: {late:?}");
 }
