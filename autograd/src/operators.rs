@@ -2,8 +2,8 @@
 //! the same name in [`crate::ops`], recorded on the tape (and by an ONNX tracer) like it.
 //!
 //! With an `f64` on the right: `x + s` and `x - s` are [`ops::add_scalar`], `x * s` is
-//! [`ops::scale`], and `x / s` divides by a constant tensor of `s` (a true division, as for
-//! tensors).
+//! [`ops::scale`], and `x / s` divides by a constant `s` of shape `[]`, broadcast (a true
+//! division, as for tensors).
 //!
 //! ```
 //! # fn main() -> opsmith_autograd::Result<()> {
@@ -71,9 +71,11 @@ macro_rules! binary_operator {
 binary_operator!(Add, add, ops::add, |x, s| ops::add_scalar(x, s));
 binary_operator!(Sub, sub, ops::sub, |x, s| ops::add_scalar(x, -s));
 binary_operator!(Mul, mul, ops::mul, |x, s| ops::scale(x, s));
+// A scalar constant (shape `[]`) that broadcasts: an exported graph holds one value, not a
+// tensor of the traced batch's size.
 binary_operator!(Div, div, ops::div, |x, s| {
     let v = x.value();
-    ops::div(x, &Var::constant(Tensor::full(s, v.shape().clone(), v.dtype(), v.device())?))
+    ops::div(x, &Var::constant(Tensor::full(s, Vec::<usize>::new(), v.dtype(), v.device())?))
 });
 
 impl Neg for &Var {

@@ -39,6 +39,7 @@ fn decode(t: &TensorProto) -> Value {
         proto::DataType::Double => raw.chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
         proto::DataType::Float16 => raw.chunks(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
         proto::DataType::Bfloat16 => raw.chunks(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
+        proto::DataType::Int64 => raw.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
         other => panic!("no decoder for {other:?}"),
     };
     assert_eq!(data.len(), dims.iter().product::<usize>(), "tensor {} holds {} values", t.name, data.len());
@@ -129,6 +130,27 @@ fn gather(x: &Value, dims: Vec<usize>, source: impl Fn(&mut Vec<usize>)) -> Valu
             x.data[ravel(&index, &x.dims)]
         })
         .collect();
+    Value { dims, data }
+}
+
+/// A sum or max along axis `a`, kept with size 1 when `keep`.
+fn reduce_axis(v: &Value, a: usize, keep: bool, sum: bool) -> Value {
+    let mut dims = v.dims.clone();
+    dims[a] = 1;
+    let n: usize = dims.iter().product();
+    let data = (0..n)
+        .map(|f| {
+            let mut index = unravel(f, &dims);
+            let along = (0..v.dims[a]).map(|j| {
+                index[a] = j;
+                v.data[ravel(&index, &v.dims)]
+            });
+            if sum { along.sum() } else { along.fold(f64::NEG_INFINITY, f64::max) }
+        })
+        .collect();
+    if !keep {
+        dims.remove(a);
+    }
     Value { dims, data }
 }
 
@@ -238,6 +260,38 @@ fn run(model: &ModelProto, nodes: &[NodeProto], env: &mut HashMap<String, Value>
                     softmax_last(&x(0))
                 }
                 "MatMul" => matmul(&x(0), &x(1)),
+                "ReduceSum" | "ReduceMax" if n.input.len() == 2 => {
+                    let (v, axes) = (x(0), ints(&x(1)));
+                    assert_eq!(axes.len(), 1, "one axis");
+                    let a = axis(axes[0], v.dims.len());
+                    let keep = resolved("keepdims").map_or(1, |k| k.i) == 1;
+                    reduce_axis(&v, a, keep, n.op_type == "ReduceSum")
+                }
+                "Expand" => {
+                    let shape: Vec<usize> = ints(&x(1)).iter().map(|&d| d as usize).collect();
+                    let n_shape = shape.iter().product();
+                    broadcast(&x(0), &Value { dims: shape, data: vec![0.0; n_shape] }, |a, _| a)
+                }
+                "Gather" => {
+                    let (v, index) = (x(0), x(1));
+                    let a = axis(resolved("axis").map_or(0, |k| k.i), v.dims.len());
+                    let mut dims = v.dims[..a].to_vec();
+                    dims.extend(&index.dims);
+                    dims.extend(&v.dims[a + 1..]);
+                    let r = index.dims.len();
+                    gather(&v, dims, |ix| {
+                        let picked = index.data[ravel(&ix[a..a + r], &index.dims)] as usize;
+                        let mut source = ix[..a].to_vec();
+                        source.push(picked);
+                        source.extend(&ix[a + r..]);
+                        *ix = source;
+                    })
+                }
+                "GatherElements" => {
+                    let (v, index) = (x(0), x(1));
+                    let a = axis(resolved("axis").map_or(0, |k| k.i), v.dims.len());
+                    gather(&v, index.dims.clone(), |ix| ix[a] = index.data[ravel(ix, &index.dims)] as usize)
+                }
                 "ReduceSum" | "ReduceMean" => {
                     assert_eq!(n.input.len(), 1, "reduce over all axes");
                     assert_eq!(resolved("keepdims").map(|a| a.i), Some(0));
@@ -731,5 +785,48 @@ fn shape_ops_export_for_any_batch_size() -> Result<()> {
     assert_eq!(attr(reshape, "allowzero").map(|a| a.i), Some(1));
     assert_eq!(constant_ints(&model, &reshape.input[1]), [3, 0]);
     assert_eq!(interpret(&model, &[("x", value_of(empty.value()))])["y"].dims, [3, 0]);
+    Ok(())
+}
+
+/// Broadcasting binary ops, `broadcast_as`, sums and maxima along a dim, `index_select` and
+/// `gather` export to Expand, ReduceSum/ReduceMax, Gather and GatherElements, and the graph
+/// computes what opsmith did, at the traced batch and at another.
+#[test]
+fn index_ops_export_to_their_onnx_nodes() -> Result<()> {
+    let x = constant(&values(12, 41), &[3, 4], DType::F64);
+    let b = constant(&values(4, 42), &[4], DType::F64);
+    let tokens = Tensor::from_vec(vec![2i64, 0, 2], [3], Device::Cpu)?;
+    let picks = Tensor::from_vec(vec![1u32, 3, 0], [3, 1], Device::Cpu)?;
+    let mut tracer = Tracer::new("indexing")?.dynamic_batch("batch");
+    tracer.input("x", &x)?;
+    tracer.name(&b, "b")?;
+    let shifted = ops::add(&x, &b)?; // [3, 4] + [4], broadcast by ONNX's Add itself
+    let wide = b.unsqueeze(0)?.broadcast_as([2, 4])?; // an explicit broadcast: Expand
+    let column = shifted.sum_keepdim(1)?; // [3, 1]
+    let scaled = ops::mul(&shifted, &column)?; // [3, 4] * [3, 1]
+    let best = scaled.max(1)?; // [3]
+    let table = ops::index_select(&scaled, 1, &tokens)?; // columns 2, 0, 2
+    let picked = scaled.gather(1, &picks)?; // [3, 1]
+    let totals = ops::sum_dim(&table, 0, false)?; // [3]
+    for (name, v) in [("best", &best), ("table", &table), ("picked", &picked), ("totals", &totals), ("wide", &wide)] {
+        tracer.output(name, v)?;
+    }
+    let model = tracer.finish()?;
+    let mut op_types = model.op_types();
+    op_types.sort();
+    op_types.dedup();
+    assert_eq!(
+        op_types,
+        ["Add", "Constant", "Expand", "Gather", "GatherElements", "Mul", "ReduceMax", "ReduceSum", "Unsqueeze"]
+    );
+    let graph = model.proto().graph.as_ref().unwrap();
+    // One Expand, for the explicit broadcast: [1, 4] to [2, 4], the kept dim written as 1.
+    let expands: Vec<Vec<i64>> =
+        graph.node.iter().filter(|n| n.op_type == "Expand").map(|n| constant_ints(&model, &n.input[1])).collect();
+    assert_eq!(expands, [vec![2, 1]]);
+    let out = interpret(&model, &[("x", value_of(x.value()))]);
+    for (name, v) in [("best", &best), ("table", &table), ("picked", &picked), ("totals", &totals), ("wide", &wide)] {
+        assert_close(&out[name], v.value(), 1e-14, name);
+    }
     Ok(())
 }

@@ -818,6 +818,28 @@ impl Lowering {
                 vec![ints_constant(&name, &shape), node("Reshape", &[ins[0], &name], output, attributes)]
             }
             Traced::ToDtype(to) => vec![standard("Cast", vec![Attribute::int("to", data_type(*to) as i64)])],
+            Traced::BroadcastAs { from, to } => {
+                // 1 wherever the input already has the size: Expand keeps that dim as it is, so
+                // a dynamic batch passes through.
+                let offset = to.len() - from.len();
+                let shape: Vec<i64> = to
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &t)| if k >= offset && from[k - offset] == t { 1 } else { t as i64 })
+                    .collect();
+                let name = format!("{output}/shape");
+                vec![ints_constant(&name, &shape), node("Expand", &[ins[0], &name], output, vec![])]
+            }
+            Traced::SumDim { dim, keepdim } | Traced::MaxDim { dim, keepdim } => {
+                let op_type = if matches!(op, Traced::SumDim { .. }) { "ReduceSum" } else { "ReduceMax" };
+                let axes = format!("{output}/axes");
+                vec![
+                    ints_constant(&axes, &[*dim as i64]),
+                    node(op_type, &[ins[0], &axes], output, vec![Attribute::int("keepdims", *keepdim as i64)]),
+                ]
+            }
+            Traced::IndexSelect(dim) => vec![standard("Gather", vec![Attribute::int("axis", *dim as i64)])],
+            Traced::Gather(dim) => vec![standard("GatherElements", vec![Attribute::int("axis", *dim as i64)])],
             Traced::FusedMulAdd => return self.call(builtin_function("FusedMulAdd"), inputs, output, vec![]),
             Traced::AddMul => return self.call(builtin_function("AddMul"), inputs, output, vec![]),
             Traced::CrossEntropy(labels) => {
@@ -892,6 +914,11 @@ fn lowered_name(op: &Traced) -> &'static str {
         Traced::Unsqueeze(_) => "unsqueeze",
         Traced::Reshape { .. } => "reshape",
         Traced::ToDtype(_) => "to_dtype",
+        Traced::BroadcastAs { .. } => "broadcast_as",
+        Traced::SumDim { .. } => "sum_dim",
+        Traced::MaxDim { .. } => "max_dim",
+        Traced::IndexSelect(_) => "index_select",
+        Traced::Gather(_) => "gather",
         Traced::Custom(op) => op.name(),
     }
 }

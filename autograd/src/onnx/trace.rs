@@ -50,6 +50,23 @@ pub(crate) enum Traced {
         to: Vec<usize>,
     },
     ToDtype(DType),
+    /// The input's dims and the output's (`Expand` keeps a dim the input already has).
+    BroadcastAs {
+        from: Vec<usize>,
+        to: Vec<usize>,
+    },
+    SumDim {
+        dim: usize,
+        keepdim: bool,
+    },
+    MaxDim {
+        dim: usize,
+        keepdim: bool,
+    },
+    /// Along this dim, with the i64 index as the second input.
+    IndexSelect(usize),
+    /// Along this dim, with the i64 index as the second input.
+    Gather(usize),
     Custom(Arc<dyn CustomOp>),
 }
 

@@ -24,20 +24,27 @@ use crate::tape::{Grad, Like, Var, tracking};
 use opsmith_host::{Labels, Tensor, ops as host};
 
 /// Returns the output as a constant when nothing is tracked, else records it.
-/// Either way, tells a running ONNX tracer what `$traced` op it was.
+/// Either way, tells a running ONNX tracer what `$traced` op it was: of `$inputs`, or of
+/// `$traced_inputs` when given (a broadcasting op traces its operands before the broadcast,
+/// since ONNX's ops broadcast themselves).
 macro_rules! record_or_constant {
-    ($op:expr, $traced:expr, $inputs:expr, $out:expr, |$tape:ident| $record:expr) => {{
+    ($op:expr, $traced:expr, $inputs:expr, $out:expr, |$tape:ident| $record:expr) => {
+        record_or_constant!($op, $traced, $inputs, traced_as $inputs, $out, |$tape| $record)
+    };
+    ($op:expr, $traced:expr, $inputs:expr, traced_as $traced_inputs:expr, $out:expr, |$tape:ident| $record:expr) => {{
         let var = match tracking($op, $inputs)? {
             None => Var::constant($out),
             Some($tape) => $record,
         };
-        trace::note(|| $traced, $inputs, &var);
+        trace::note(|| $traced, $traced_inputs, &var);
         Ok(var)
     }};
 }
 
 // After the macro, which it uses.
+mod index;
 mod layout;
+pub use index::{broadcast_as, gather, index_select, max_dim, sum_dim};
 pub use layout::{cat, narrow, permute, reshape, squeeze, stack, to_dtype, transpose, unsqueeze};
 
 /// `t * v` as a gradient, when `t` was saved (its partner needs a gradient).
@@ -54,7 +61,8 @@ fn saved_refs(saved: &[&Option<Tensor>]) -> Vec<Tensor> {
     saved.iter().filter_map(|t| (*t).clone()).collect()
 }
 
-/// `a + b`. Backward: `ga = g`, `gb = g`.
+/// `a + b`. Backward: `ga = g`, `gb = g`. Shapes broadcast ([`broadcast_as`] each operand to
+/// the common shape, whose backward sums the gradient back), as for [`sub`], [`mul`] and [`div`].
 ///
 /// ```
 /// # fn main() -> opsmith_autograd::Result<()> {
@@ -70,8 +78,10 @@ fn saved_refs(saved: &[&Option<Tensor>]) -> Vec<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn add(a: &Var, b: &Var) -> Result<Var> {
+    let operands = [a, b];
+    let (a, b) = &index::broadcast_operands("add", a, b)?;
     let out = host::add(a.value(), b.value())?;
-    record_or_constant!("add", Traced::Add, &[a, b], out, |tape| {
+    record_or_constant!("add", Traced::Add, &[a, b], traced_as & operands, out, |tape| {
         let like = Like::of(&out);
         tape.record_with_uniform(
             "add",
@@ -98,9 +108,11 @@ pub fn add(a: &Var, b: &Var) -> Result<Var> {
 /// # Ok(()) }
 /// ```
 pub fn sub(a: &Var, b: &Var) -> Result<Var> {
+    let operands = [a, b];
+    let (a, b) = &index::broadcast_operands("sub", a, b)?;
     let out = host::sub(a.value(), b.value())?;
     let b_needs = b.requires_grad();
-    record_or_constant!("sub", Traced::Sub, &[a, b], out, |tape| {
+    record_or_constant!("sub", Traced::Sub, &[a, b], traced_as & operands, out, |tape| {
         let like = Like::of(&out);
         tape.record_with_uniform(
             "sub",
@@ -128,8 +140,10 @@ pub fn sub(a: &Var, b: &Var) -> Result<Var> {
 /// # Ok(()) }
 /// ```
 pub fn mul(a: &Var, b: &Var) -> Result<Var> {
+    let operands = [a, b];
+    let (a, b) = &index::broadcast_operands("mul", a, b)?;
     let out = host::mul(a.value(), b.value())?;
-    record_or_constant!("mul", Traced::Mul, &[a, b], out, |tape| {
+    record_or_constant!("mul", Traced::Mul, &[a, b], traced_as & operands, out, |tape| {
         let (saved_b, saved_a) = (save_if(a.requires_grad(), b.value()), save_if(b.requires_grad(), a.value()));
         let keep = saved_refs(&[&saved_a, &saved_b]);
         let (uniform_b, uniform_a) = (saved_b.clone(), saved_a.clone());
@@ -167,8 +181,10 @@ pub fn mul(a: &Var, b: &Var) -> Result<Var> {
 /// # Ok(()) }
 /// ```
 pub fn div(a: &Var, b: &Var) -> Result<Var> {
+    let operands = [a, b];
+    let (a, b) = &index::broadcast_operands("div", a, b)?;
     let out = host::div(a.value(), b.value())?;
-    record_or_constant!("div", Traced::Div, &[a, b], out, |tape| {
+    record_or_constant!("div", Traced::Div, &[a, b], traced_as & operands, out, |tape| {
         let (a_needs, b_needs) = (a.requires_grad(), b.requires_grad());
         let saved_b = b.value().clone();
         let saved_out = save_if(b_needs, &out);

@@ -113,6 +113,22 @@ pub fn cases() -> Vec<Case> {
             let (top, bottom) = (v[0].narrow(0, 0, 2)?, v[0].narrow(0, 2, 2)?);
             ops::mul(&Var::stack(&[&top, &bottom], 0)?.narrow(0, 1, 1)?.squeeze(0)?, &top)
         }),
+        // Broadcasting binary ops: the smaller operand's gradient sums over its copies.
+        ("broadcast add", vec![&[2, 3], &[3]], |v| ops::add(&v[0], &v[1])),
+        ("broadcast sub", vec![&[4, 1], &[2, 1, 3]], |v| ops::sub(&v[0], &v[1])),
+        ("broadcast mul", vec![&[2, 1, 3], &[4, 1]], |v| &v[0] * &v[1]),
+        ("broadcast div", vec![&[3, 1], &[1, 4]], |v| ops::div(&v[0], &v[1])),
+        ("broadcast_as", vec![&[3, 1]], |v| v[0].broadcast_as([2, 3, 4])),
+        // Along a dim, and indexing.
+        ("sum_dim", vec![&[3, 4]], |v| v[0].sum(0)),
+        ("sum_dim keepdim", vec![&[2, 3, 4]], |v| ops::sum_dim(&v[0], 1, true)),
+        ("max_dim", vec![&[3, 5]], |v| v[0].max(1)),
+        ("index_select", vec![&[4, 3]], |v| {
+            v[0].index_select(0, &Tensor::from_vec(vec![3i64, 0, 3], [3], v[0].value().device())?)
+        }),
+        ("gather", vec![&[3, 4]], |v| {
+            ops::gather(&v[0], 1, &Tensor::from_vec(vec![1u32, 3, 3, 0, 2, 2], [3, 2], v[0].value().device())?)
+        }),
     ]
 }
 

@@ -144,6 +144,27 @@ fn export_fused(dir: &Path, dtype: DType, sampler: &mut Sampler) -> Result<()> {
     write(dir, &format!("fused_{}", dtype_name(dtype)), &model, inputs, vec![("probs", &probs), ("loss", &loss)])
 }
 
+/// The tensor API's broadcasting, reductions along a dim, indexing and shape ops, row by row
+/// (so the model also runs on a batch of another size).
+fn export_tensor_api(dir: &Path, dtype: DType, sampler: &mut Sampler) -> Result<()> {
+    let x = Var::constant(sampler.tensor(&[8, 6], 2.0, dtype)?);
+    let w = Var::constant(sampler.tensor(&[6], 1.0, dtype)?);
+    let columns = Tensor::from_vec(vec![4i64, 0, 5], [3], Device::Cpu)?;
+    let mut tracer = Tracer::new("tensor_api")?.dynamic_batch("batch");
+    tracer.input("x", &x)?;
+    tracer.name(&w, "w")?;
+    let scaled = (&x * &w)?; // [batch, 6] * [6]
+    let centered = (&scaled - &(&scaled.sum_keepdim(1)? / 6.0)?)?; // minus each row's mean
+    let top = centered.max(1)?;
+    let picked = centered.index_select(1, &columns)?; // [batch, 3]
+    let joined = Var::cat(&[&picked, &picked.narrow(1, 0, 1)?], 1)?.unsqueeze(1)?.transpose(1, 2)?.squeeze(2)?;
+    tracer.output("top", &top)?;
+    tracer.output("joined", &joined)?;
+    let model = tracer.finish()?;
+    let name = format!("tensor_api_{}", dtype_name(dtype));
+    write(dir, &name, &model, vec![("x", tensor_json(x.value())?)], vec![("top", &top), ("joined", &joined)])
+}
+
 /// The custom-op example's filter, inside a small graph.
 fn export_filter(dir: &Path, sampler: &mut Sampler) -> Result<()> {
     let filter: Arc<dyn CustomOp> = Arc::new(Filter3x3::new(LAPLACIAN_LIKE, Device::Cpu)?);
@@ -173,6 +194,7 @@ fn main() -> Result<()> {
     for dtype in [DType::F32, DType::F16] {
         export_mlp(&dir, dtype, &mut sampler)?;
         export_fused(&dir, dtype, &mut sampler)?;
+        export_tensor_api(&dir, dtype, &mut sampler)?;
     }
     export_filter(&dir, &mut sampler)?;
     println!("check them in onnxruntime: python3 scripts/onnx_check.py {}", dir.display());
