@@ -5,7 +5,7 @@
 //! * [`ops`]: differentiable ops: `add`, `sub`, `mul`, `div`, `neg`, `scale`, `add_scalar`, `sum`,
 //!   `mean`, `fused_mul_add`, `add_mul` (one fused backward kernel), `add_row` (a bias row),
 //!   `matmul` (cuBLAS on CUDA), `relu`, `gelu`, `silu`, `softmax` (with scale and mask),
-//!   `cross_entropy`, `mse_loss`; the shape ops `narrow`, `permute`, `transpose`, `cat`,
+//!   `attention` (scaled dot-product, causal or masked), `cross_entropy`, `mse_loss`; the shape ops `narrow`, `permute`, `transpose`, `cat`,
 //!   `stack`, `squeeze`, `unsqueeze`, `reshape` and the cast `to_dtype`, also as methods on
 //!   [`Var`] (`x.narrow(1, 0, 2)?`, `Var::cat(&[&a, &b], 0)?`).
 //! * Operators: `+ - * /` and unary `-` on `&Var` (and with an `f64`), returning `Result`.

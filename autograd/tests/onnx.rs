@@ -542,6 +542,44 @@ fn fused_ops_custom_ops_and_losses_export_with_their_functions() -> Result<()> {
     Ok(())
 }
 
+/// `attention` exports as its composed graph (`Transpose`, `MatMul`, the softmax, `MatMul`), with
+/// the causal mask as a `Constant` and the caller's as an initializer, and computes what opsmith
+/// computes, for every combination of the two masks.
+#[test]
+fn attention_exports_to_its_composed_graph() -> Result<()> {
+    let dtype = DType::F64;
+    let (b, h, sq, sk, d) = (2, 2, 3, 5, 4);
+    let mask = common::attention_mask(&tensor(&[0.0], &[1], dtype, Device::Cpu)?)?;
+    for (causal, masked) in [(false, false), (true, false), (false, true), (true, true)] {
+        let q = constant(&values(b * h * sq * d, 1), &[b, h, sq, d], dtype);
+        let k = constant(&values(b * h * sk * d, 2), &[b, h, sk, d], dtype);
+        let v = constant(&values(b * h * sk * d, 3), &[b, h, sk, d], dtype);
+        let mut tracer = Tracer::new("attention")?;
+        for (name, x) in [("q", &q), ("k", &k), ("v", &v)] {
+            tracer.input(name, x)?;
+        }
+        let y = ops::attention(&q, &k, &v, 0.5, causal, masked.then_some(&mask))?;
+        tracer.output("y", &y)?;
+        let model = tracer.finish()?;
+        let what = format!("causal {causal} masked {masked}");
+        let mut expected = vec!["Transpose", "MatMul"];
+        if causal {
+            expected.push("Constant");
+            if masked {
+                expected.push("Add");
+            }
+        }
+        expected.extend([if causal || masked { "ScaledMaskedSoftmax" } else { "ScaledSoftmax" }, "MatMul"]);
+        assert_eq!(model.op_types(), expected, "{what}");
+        let initializers = model.proto().graph.as_ref().unwrap().initializer.len();
+        assert_eq!(initializers, usize::from(masked), "{what}: the mask is the one initializer");
+        let feeds = [("q", value_of(q.value())), ("k", value_of(k.value())), ("v", value_of(v.value()))];
+        let out = interpret(&model, &feeds);
+        assert_close(&out["y"], y.value(), 1e-12, &what);
+    }
+    Ok(())
+}
+
 #[test]
 fn models_round_trip_through_bytes_and_files() -> Result<()> {
     let x = constant(&values(6, 9), &[2, 3], DType::F32);

@@ -55,6 +55,8 @@ fn bits(t: &Tensor) -> Result<Vec<u64>> {
         DType::F16 => t.to_vec::<half::f16>()?.into_iter().map(|v| v.to_bits() as u64).collect(),
         DType::BF16 => t.to_vec::<half::bf16>()?.into_iter().map(|v| v.to_bits() as u64).collect(),
         DType::F64 => t.to_vec::<f64>()?.into_iter().map(f64::to_bits).collect(),
+        DType::U32 => t.to_vec::<u32>()?.into_iter().map(u64::from).collect(),
+        DType::I64 => t.to_vec::<i64>()?.into_iter().map(|v| v as u64).collect(),
     })
 }
 

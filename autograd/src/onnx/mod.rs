@@ -4,6 +4,8 @@
 //! * Built-in ops map to standard ONNX ops (opset [`OPSET`]): `matmul` → `MatMul`, `add_row` →
 //!   `Add` (broadcast), `gelu` → `Gelu` with `approximate="tanh"`, `silu` → `Sigmoid`, `Mul`,
 //!   `cross_entropy` → `SoftmaxCrossEntropyLoss`, `sum`/`mean` → `ReduceSum`/`ReduceMean`, …
+//! * `attention` → `Transpose` of `k`, `MatMul`, the softmax as for `softmax` (its mask the
+//!   caller's mask, a `Constant` causal mask, or both added), `MatMul`: the composed graph.
 //! * Shape ops: `narrow` → `Slice`, `transpose`/`permute` → `Transpose`, `cat` → `Concat`,
 //!   `stack` → an `Unsqueeze` per input and a `Concat`, `squeeze`/`unsqueeze` →
 //!   `Squeeze`/`Unsqueeze`, `reshape` → `Reshape`, `to_dtype` → `Cast`. Their indices, axes and
@@ -842,6 +844,39 @@ impl Lowering {
             Traced::Gather(dim) => vec![standard("GatherElements", vec![Attribute::int("axis", *dim as i64)])],
             Traced::FusedMulAdd => return self.call(builtin_function("FusedMulAdd"), inputs, output, vec![]),
             Traced::AddMul => return self.call(builtin_function("AddMul"), inputs, output, vec![]),
+            Traced::Attention { scale, causal, masked } => {
+                // Transpose and MatMul for the scores, the softmax as for `softmax`, a MatMul.
+                let [k_t, scores, weights, causal_mask, mask] =
+                    ["k_t", "scores", "weights", "causal_mask", "mask"].map(|s| format!("{output}/{s}"));
+                self.nodes.push(node("Transpose", &[ins[1]], &k_t, vec![Attribute::ints("perm", &[0, 1, 3, 2])]));
+                self.nodes.push(node("MatMul", &[ins[0], &k_t], &scores, vec![]));
+                let mask = match causal {
+                    None => masked.then(|| inputs[3].clone()),
+                    Some((seq_q, seq_k)) => {
+                        // 0 where key j <= query i, -inf after: a constant of the scores' dtype.
+                        let values: Vec<f64> = (0..*seq_q)
+                            .flat_map(|i| (0..*seq_k).map(move |j| if j > i { f64::NEG_INFINITY } else { 0.0 }))
+                            .collect();
+                        let t = Tensor::from_f64(&values, [*seq_q, *seq_k], dtype, opsmith_host::Device::Cpu)?;
+                        let value = Attribute::tensor("value", tensor_proto(&causal_mask, &t)?);
+                        self.nodes.push(node("Constant", &[], &causal_mask, vec![value]));
+                        if *masked {
+                            self.nodes.push(node("Add", &[ins[3], &causal_mask], &mask, vec![]));
+                            Some(mask)
+                        } else {
+                            Some(causal_mask)
+                        }
+                    }
+                };
+                let softmax_inputs: Vec<String> = std::iter::once(scores).chain(mask.clone()).collect();
+                self.lower(
+                    &Traced::Softmax { scale: *scale, masked: mask.is_some() },
+                    &softmax_inputs,
+                    &weights,
+                    dtype,
+                )?;
+                vec![node("MatMul", &[&weights, ins[2]], output, vec![])]
+            }
             Traced::CrossEntropy(labels) => {
                 let name = self.labels_name();
                 let rows = match &self.batch {
@@ -904,6 +939,7 @@ fn lowered_name(op: &Traced) -> &'static str {
         Traced::Gelu => "gelu",
         Traced::Silu => "silu",
         Traced::Softmax { .. } => "softmax",
+        Traced::Attention { .. } => "attention",
         Traced::CrossEntropy(_) => "cross_entropy",
         Traced::MseLoss => "mse_loss",
         Traced::Narrow { .. } => "narrow",

@@ -28,6 +28,13 @@ pub(crate) enum Traced {
         scale: f64,
         masked: bool,
     },
+    /// Inputs `q`, `k`, `v`, and the caller's mask when `masked`; `causal` holds
+    /// `(seq_q, seq_k)`, the size of the causal mask to add.
+    Attention {
+        scale: f64,
+        causal: Option<(usize, usize)>,
+        masked: bool,
+    },
     CrossEntropy(Labels),
     MseLoss,
     /// Elements `start..start + len` along `dim`.

@@ -41,9 +41,11 @@ macro_rules! record_or_constant {
     }};
 }
 
-// After the macro, which it uses.
+// After the macro, which they use.
+mod attention;
 mod index;
 mod layout;
+pub use attention::attention;
 pub use index::{broadcast_as, gather, index_select, max_dim, sum_dim};
 pub use layout::{cat, narrow, permute, reshape, squeeze, stack, to_dtype, transpose, unsqueeze};
 

@@ -129,7 +129,31 @@ pub fn cases() -> Vec<Case> {
         ("gather", vec![&[3, 4]], |v| {
             ops::gather(&v[0], 1, &Tensor::from_vec(vec![1u32, 3, 3, 0, 2, 2], [3, 2], v[0].value().device())?)
         }),
+        // Attention: q [batch, heads, seq_q, head_dim], k and v [batch, heads, seq_k, head_dim].
+        ("attention", vec![&[1, 2, 3, 4], &[1, 2, 5, 4], &[1, 2, 5, 4]], |v| {
+            ops::attention(&v[0], &v[1], &v[2], 0.5, false, None)
+        }),
+        ("attention causal", vec![&[1, 2, 3, 4], &[1, 2, 5, 4], &[1, 2, 5, 4]], |v| {
+            ops::attention(&v[0], &v[1], &v[2], 0.5, true, None)
+        }),
+        // A constant [seq_q, seq_k] mask on top of the causal one.
+        ("attention with mask", vec![&[1, 2, 3, 4], &[1, 2, 5, 4], &[1, 2, 5, 4]], |v| {
+            let mask = attention_mask(v[0].value())?;
+            ops::attention(&v[0], &v[1], &v[2], 0.5, true, Some(&mask))
+        }),
+        // More queries than keys, v with its own head size, a negative scale.
+        ("attention seq_q > seq_k", vec![&[2, 1, 4, 3], &[2, 1, 2, 3], &[2, 1, 2, 5]], |v| {
+            ops::attention(&v[0], &v[1], &v[2], -0.75, true, None)
+        }),
     ]
+}
+
+/// A `[3, 5]` additive mask in `like`'s dtype and device: values exact in every dtype, a `-inf`
+/// in two rows, and none where the causal mask leaves a row its last key.
+pub fn attention_mask(like: &Tensor) -> Result<Tensor> {
+    let inf = f64::NEG_INFINITY;
+    let m = [0.5, -0.25, 0.0, 1.0, inf, 0.0, inf, 0.25, -1.0, 0.0, inf, 0.75, -0.5, 0.0, 0.0];
+    tensor(&m, &[3, 5], like.dtype(), like.device())
 }
 
 /// gradcheck every case with inputs of `dtype` on `device`.

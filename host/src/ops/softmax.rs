@@ -69,6 +69,20 @@ pub(super) fn row_max_sum(z: &[f64]) -> (f64, f64) {
     (shift, z.iter().map(|&v| (v - shift).exp()).sum())
 }
 
+/// Row `r` of `scale * x + mask` (`row` holds its `cols` values of `x`), each rounded as the
+/// kernels round it: one FMA in the arithmetic type, then widened to f64. The mask's rows repeat
+/// over `x`'s leading dims.
+pub(super) fn row_logits<T: Element>(row: &[T], r: usize, cols: usize, mask: Option<&[T]>, scale: T::Acc) -> Vec<f64> {
+    match mask {
+        Some(ms) => {
+            let start = (r * cols) % ms.len();
+            let mrow = &ms[start..start + cols];
+            row.iter().zip(mrow).map(|(x, m)| Accumulator::fma(x.to_acc(), scale, m.to_acc()).to_f64()).collect()
+        }
+        None => row.iter().map(|x| (x.to_acc() * scale).to_f64()).collect(),
+    }
+}
+
 /// `1 / sum`, or 0 for a zero sum (a fully masked row, whose outputs are then 0); a NaN sum
 /// stays NaN.
 pub(super) fn reciprocal_or_zero(sum: f64) -> f64 {
@@ -164,14 +178,7 @@ fn softmax_cpu<T: Element>(x: &Tensor, scale: f64, mask: Option<&Tensor>, cols: 
     let scale = T::Acc::from_f64(scale);
     let mut out = Vec::with_capacity(xs.len());
     for (r, row) in xs.chunks(cols.max(1)).enumerate() {
-        let z: Vec<f64> = match &ms {
-            Some(ms) => {
-                let start = (r * cols) % ms.len();
-                let mrow = &ms[start..start + cols];
-                row.iter().zip(mrow).map(|(x, m)| Accumulator::fma(x.to_acc(), scale, m.to_acc()).to_f64()).collect()
-            }
-            None => row.iter().map(|x| (x.to_acc() * scale).to_f64()).collect(),
-        };
+        let z = row_logits(row, r, cols, ms.as_deref(), scale);
         let (shift, sum) = row_max_sum(&z);
         let inv = reciprocal_or_zero(sum);
         out.extend(z.iter().map(|&v| T::from_f64((v - shift).exp() * inv)));

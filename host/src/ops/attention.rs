@@ -1,0 +1,375 @@
+//! Scaled dot-product attention, `softmax(scale · q·kᵀ + mask) · v`, over tensors of
+//! `[batch, heads, seq, head_dim]`.
+//!
+//! Today every call takes the composed path: one batched product for the scores, the softmax
+//! kernel with the causal and user masks added into one, and a second product. It holds the
+//! `[batch, heads, seq_q, seq_k]` scores and probabilities in memory, and on f16 and bf16 it
+//! rounds the scores to the storage dtype before the softmax (as PyTorch's math path does). A
+//! fused FlashAttention-style kernel, which keeps the scores on chip in f32, is to take over the
+//! calls it supports at the dispatch points of [`attention`] and [`attention_with_lse`]; the
+//! composed path stays as the fallback for everything else, and as the reference the fused
+//! kernel is tested against.
+use super::check;
+use super::softmax::{row_logits, row_max_sum};
+use crate::dtype::{Accumulator, with_float_type};
+use crate::{DType, Device, Element, Error, Result, Tensor};
+
+const OP: &str = "attention";
+
+/// The sizes of one checked call: `q [batch, heads, seq_q, head_dim]`,
+/// `k [batch, heads, seq_k, head_dim]`, `v [batch, heads, seq_k, head_dim_v]`.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    batch: usize,
+    heads: usize,
+    seq_q: usize,
+    seq_k: usize,
+    head_dim: usize,
+    head_dim_v: usize,
+}
+
+impl Dims {
+    /// Checks every operand before any work, so a failed call changes nothing. `v` is absent
+    /// for [`attention_weights`].
+    fn check(q: &Tensor, k: &Tensor, v: Option<&Tensor>, scale: f64, mask: Option<&Tensor>) -> Result<Dims> {
+        let operands: Vec<&Tensor> = [q, k].into_iter().chain(v).chain(mask).collect();
+        check::same_device(OP, &operands)?;
+        check::same_dtype(OP, &operands)?;
+        check::float(OP, q)?;
+        if q.dtype() == DType::F64 && q.device().is_cuda() {
+            // The composed path's products and softmax have no f64 kernels.
+            return Err(Error::UnsupportedDType { op: OP, dtype: DType::F64, device: q.device() });
+        }
+        let rank4 = |name: &str, t: &Tensor| -> Result<[usize; 4]> {
+            <[usize; 4]>::try_from(t.dims()).map_err(|_| Error::InvalidArgument {
+                op: OP,
+                reason: format!("{name} must have rank 4, [batch, heads, seq, head_dim]; got shape {:?}", t.dims()),
+            })
+        };
+        let [batch, heads, seq_q, head_dim] = rank4("q", q)?;
+        let [kb, kh, seq_k, kd] = rank4("k", k)?;
+        if (kb, kh, kd) != (batch, heads, head_dim) {
+            return Err(Error::ShapeMismatch { op: OP, lhs: q.dims().to_vec(), rhs: k.dims().to_vec() });
+        }
+        let head_dim_v = match v {
+            Some(v) => {
+                let [vb, vh, vs, vd] = rank4("v", v)?;
+                if (vb, vh, vs) != (batch, heads, seq_k) {
+                    return Err(Error::ShapeMismatch { op: OP, lhs: k.dims().to_vec(), rhs: v.dims().to_vec() });
+                }
+                vd
+            }
+            None => 0,
+        };
+        if seq_k == 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "k of shape {:?} has no keys (seq_k = 0): a softmax over no keys is undefined",
+                    k.dims()
+                ),
+            });
+        }
+        if !scale.is_finite() {
+            return Err(Error::InvalidArgument { op: OP, reason: format!("scale must be finite, got {scale}") });
+        }
+        let scores = [batch, heads, seq_q, seq_k];
+        if let Some(m) = mask {
+            // As softmax takes it: the scores' trailing dims, repeated over the leading ones.
+            let md = m.dims();
+            if md.is_empty() || md.len() > 4 || scores[4 - md.len()..] != *md {
+                return Err(Error::ShapeMismatch { op: OP, lhs: scores.to_vec(), rhs: md.to_vec() });
+            }
+        }
+        Ok(Dims { batch, heads, seq_q, seq_k, head_dim, head_dim_v })
+    }
+
+    /// `[batch · heads, seq, dim]`: the batched products take rank 3.
+    fn flat(&self, seq: usize, dim: usize) -> [usize; 3] {
+        [self.batch * self.heads, seq, dim]
+    }
+
+    fn scores(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.seq_q, self.seq_k]
+    }
+}
+
+/// Scaled dot-product attention: `softmax(scale · q·kᵀ + mask) · v` for each batch and head.
+///
+/// Shapes: `q [batch, heads, seq_q, head_dim]`, `k [batch, heads, seq_k, head_dim]` and
+/// `v [batch, heads, seq_k, head_dim_v]` (`v` may have its own head size, as in PyTorch's
+/// `scaled_dot_product_attention`); the result is `[batch, heads, seq_q, head_dim_v]` in the
+/// inputs' dtype. `scale` is usually `1 / sqrt(head_dim)`.
+///
+/// `causal` lets query `i` see keys `j <= i` only (top-left aligned, as PyTorch's `is_causal`:
+/// with `seq_q > seq_k` the last queries see every key, with `seq_q < seq_k` the last keys are
+/// seen by no query). `mask` is added to the scaled scores: it has the inputs' dtype and device
+/// and dims equal to the scores' trailing dims, `[seq_k]` (one row for every query, e.g. key
+/// padding), `[seq_q, seq_k]`, `[heads, seq_q, seq_k]` or `[batch, heads, seq_q, seq_k]`; `-inf`
+/// removes a key. With both, the causal mask is added to `mask`. A query whose every key is
+/// removed gets a row of zeros (PyTorch gives NaN).
+///
+/// Errors, before any work: operands on different devices ([`Error::DeviceMismatch`]) or of
+/// different dtypes ([`Error::DTypeMismatch`]), an integer dtype, or f64 on CUDA
+/// ([`Error::UnsupportedDType`]); a rank other than 4 ([`Error::InvalidArgument`]); `k` whose
+/// batch, heads or head_dim differ from `q`'s, or `v` whose batch, heads or seq_k differ from
+/// `k`'s, or a mask of other dims ([`Error::ShapeMismatch`]); no keys (`seq_k = 0`) or a scale
+/// that is not finite ([`Error::InvalidArgument`]). Every error names `"attention"`. An empty
+/// batch, heads or `seq_q` gives an empty result.
+///
+/// Arithmetic: the composed path (the only one today) computes the scores with
+/// [`matmul_t`](super::matmul_t) and rounds them to the dtype, then [`softmax`](super::softmax),
+/// then [`matmul`](super::matmul): f32 for f16, bf16 and f32, f64 for f64, each step rounded once
+/// to the dtype.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Device, Tensor, ops};
+/// // One batch, one head, two queries and three keys of head_dim 1.
+/// let q = Tensor::from_vec(vec![0.0f32, 0.0], [1, 1, 2, 1], Device::Cpu)?;
+/// let k = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [1, 1, 3, 1], Device::Cpu)?;
+/// let v = Tensor::from_vec(vec![3.0f32, 6.0, 9.0], [1, 1, 3, 1], Device::Cpu)?;
+/// // q = 0: every score is 0, so each query averages the values it may see.
+/// assert_eq!(ops::attention(&q, &k, &v, 1.0, false, None)?.to_vec::<f32>()?, [6.0, 6.0]);
+/// // Causal: query 0 sees key 0, query 1 keys 0 and 1.
+/// assert_eq!(ops::attention(&q, &k, &v, 1.0, true, None)?.to_vec::<f32>()?, [3.0, 4.5]);
+/// // A [seq_k] mask removing key 0 for every query.
+/// let mask = Tensor::from_vec(vec![f32::NEG_INFINITY, 0.0, 0.0], [3], Device::Cpu)?;
+/// assert_eq!(ops::attention(&q, &k, &v, 1.0, false, Some(&mask))?.to_vec::<f32>()?, [7.5, 7.5]);
+/// # Ok(()) }
+/// ```
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    causal: bool,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
+    let dims = Dims::check(q, k, Some(v), scale, mask)?;
+    // Dispatch point, as in `attention_with_lse`: a fused kernel is to take the calls it
+    // supports here, and every other call falls through to the composed path.
+    // `..` drops the scores and the mask before the second product allocates its output.
+    let Composed { p, .. } = composed(&dims, q, k, scale, causal, mask)?;
+    apply(&dims, &p, v)
+}
+
+/// [`attention`], and the log-sum-exp of each query's row of scaled, masked scores:
+/// `lse[b, h, i] = ln(Σ_j exp(scale · q_i·k_j + mask_ij))` (natural log), the number a
+/// FlashAttention backward recomputes the probabilities from, `p_ij = exp(scale · q_i·k_j +
+/// mask_ij − lse_i)`.
+///
+/// Returns `(out, lse)`: `out` bit for bit as [`attention`] gives it, and `lse` of shape
+/// `[batch, heads, seq_q]`, f32 for f16, bf16 and f32 inputs and f64 for f64. A query whose every
+/// key is masked has `lse = -inf`. Shapes and errors as for [`attention`].
+///
+/// On the CPU the log-sum-exp is computed in f64 from the same rounded scores the softmax uses.
+/// On CUDA the composed path gets each row's maximum and sum from existing kernels in f32 and,
+/// having no logarithm kernel, finishes the `ln` on the host: it reads `batch · heads · seq_q`
+/// values back, so it waits for the device and cannot be captured in a CUDA graph (the fused
+/// kernel will write the log-sum-exp itself). [`attention`] has no such step.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor, ops};
+/// let q = Tensor::from_vec(vec![1.0f32, 0.0], [1, 1, 1, 2], Device::Cpu)?;
+/// let k = Tensor::from_vec(vec![0.0f32, 0.0, 2.0, 0.0], [1, 1, 2, 2], Device::Cpu)?;
+/// let v = Tensor::from_vec(vec![1.0f32, -1.0], [1, 1, 2, 1], Device::Cpu)?;
+/// let (out, lse) = ops::attention_with_lse(&q, &k, &v, 0.5, false, None)?;
+/// // Scores 0 and 2, scaled by 0.5: lse = ln(e^0 + e^1).
+/// assert_eq!((lse.dims(), lse.dtype()), (&[1, 1, 1][..], DType::F32));
+/// assert!((lse.to_vec::<f32>()?[0] - (1.0f32 + 1.0f32.exp()).ln()).abs() < 1e-6);
+/// assert_eq!(out.to_vec::<f32>()?, ops::attention(&q, &k, &v, 0.5, false, None)?.to_vec::<f32>()?);
+/// # Ok(()) }
+/// ```
+pub fn attention_with_lse(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    causal: bool,
+    mask: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let dims = Dims::check(q, k, Some(v), scale, mask)?;
+    // Dispatch point: the fused kernel is to go here, for the dtypes, head sizes and masks it
+    // supports (writing `out` and `lse` in one pass); every other call falls through.
+    let c = composed(&dims, q, k, scale, causal, mask)?;
+    let lse = log_sum_exp(&dims, &c.scores, scale, c.mask.as_ref())?;
+    Ok((apply(&dims, &c.p, v)?, lse))
+}
+
+/// The attention probabilities `softmax(scale · q·kᵀ + mask)`, shape
+/// `[batch, heads, seq_q, seq_k]` in the inputs' dtype: the weights [`attention`] applies to
+/// `v`, to inspect, or for a backward that recomputes them. Arguments and errors as for
+/// [`attention`], without `v`.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Device, Tensor, ops};
+/// let q = Tensor::from_vec(vec![0.0f32; 3], [1, 1, 3, 1], Device::Cpu)?;
+/// let k = Tensor::from_vec(vec![1.0f32, 2.0], [1, 1, 2, 1], Device::Cpu)?;
+/// let p = ops::attention_weights(&q, &k, 1.0, true, None)?;
+/// // Causal, top-left: query 0 sees key 0; queries 1 and 2 see both keys.
+/// assert_eq!(p.to_vec::<f32>()?, [1.0, 0.0, 0.5, 0.5, 0.5, 0.5]);
+/// # Ok(()) }
+/// ```
+pub fn attention_weights(q: &Tensor, k: &Tensor, scale: f64, causal: bool, mask: Option<&Tensor>) -> Result<Tensor> {
+    let dims = Dims::check(q, k, None, scale, mask)?;
+    Ok(composed(&dims, q, k, scale, causal, mask)?.p)
+}
+
+/// What the composed path computes before the product with `v`.
+struct Composed {
+    /// `q·kᵀ`, unscaled, `[batch, heads, seq_q, seq_k]`.
+    scores: Tensor,
+    /// The causal and the caller's mask in one, if any.
+    mask: Option<Tensor>,
+    /// `softmax(scale · scores + mask)`, the scores' shape.
+    p: Tensor,
+}
+
+/// The composed path up to the probabilities: `matmul_t`, then `softmax`.
+fn composed(dims: &Dims, q: &Tensor, k: &Tensor, scale: f64, causal: bool, mask: Option<&Tensor>) -> Result<Composed> {
+    let scores = scores(dims, q, k)?;
+    let mask = combined_mask(dims, q, causal, mask)?;
+    let p = super::softmax(&scores, scale, mask.as_ref())?;
+    Ok(Composed { scores, mask, p })
+}
+
+/// `p · v`, `[batch, heads, seq_q, head_dim_v]`.
+fn apply(dims: &Dims, p: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let p = p.reshape(dims.flat(dims.seq_q, dims.seq_k))?;
+    let out = super::matmul(&p, &v.reshape(dims.flat(dims.seq_k, dims.head_dim_v))?)?;
+    out.reshape([dims.batch, dims.heads, dims.seq_q, dims.head_dim_v])
+}
+
+/// `q·kᵀ`, unscaled, `[batch, heads, seq_q, seq_k]` in the inputs' dtype: one batched product
+/// that reads `k` transposed in place.
+fn scores(dims: &Dims, q: &Tensor, k: &Tensor) -> Result<Tensor> {
+    let q3 = q.reshape(dims.flat(dims.seq_q, dims.head_dim))?;
+    let k3 = k.reshape(dims.flat(dims.seq_k, dims.head_dim))?;
+    super::matmul_t(&q3, false, &k3, true)?.reshape(dims.scores())
+}
+
+/// The one additive mask the softmax takes: the causal mask, the caller's, both added, or none.
+fn combined_mask(dims: &Dims, like: &Tensor, causal: bool, mask: Option<&Tensor>) -> Result<Option<Tensor>> {
+    if !causal {
+        return Ok(mask.cloned());
+    }
+    let causal = causal_mask(dims.seq_q, dims.seq_k, like.dtype(), like.device())?;
+    match mask {
+        // Broadcasts: a [seq_k] mask becomes [seq_q, seq_k]; a longer one keeps its dims.
+        Some(m) => super::add(m, &causal).map(Some),
+        None => Ok(Some(causal)),
+    }
+}
+
+/// `[seq_q, seq_k]` of 0 where key `j <= i` and `-inf` where `j > i` (top-left aligned), built on
+/// the host in `dtype` and copied to `device`.
+fn causal_mask(seq_q: usize, seq_k: usize, dtype: DType, device: Device) -> Result<Tensor> {
+    with_float_type!(dtype, OP, device, T => {
+        let (open, shut) = (<T as Element>::from_f64(0.0), <T as Element>::from_f64(f64::NEG_INFINITY));
+        let mut values = crate::tensor::host_vec(OP, seq_q * seq_k, open)?;
+        for (i, row) in values.chunks_mut(seq_k).enumerate() {
+            row.iter_mut().skip(i + 1).for_each(|m| *m = shut);
+        }
+        Tensor::from_vec(values, [seq_q, seq_k], device)
+    })
+}
+
+/// The log-sum-exp of each row of `scale · scores + mask`: f32 (f64 for f64) of shape
+/// `[batch, heads, seq_q]`.
+fn log_sum_exp(dims: &Dims, scores: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> {
+    match scores.device() {
+        Device::Cpu => {
+            check::cpu_work(OP)?;
+            with_float_type!(scores.dtype(), OP, Device::Cpu, T => log_sum_exp_cpu::<T>(dims, scores, scale, mask))
+        }
+        Device::Cuda(_) => log_sum_exp_by_ops(dims, scores, scale, mask),
+    }
+}
+
+/// In f64 per row, from the logits rounded exactly as the CPU softmax rounds them.
+fn log_sum_exp_cpu<T: Element>(dims: &Dims, scores: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> {
+    let xs = scores.to_vec::<T>()?;
+    let ms = mask.map(|m| m.to_vec::<T>()).transpose()?;
+    let scale = T::Acc::from_f64(scale);
+    let cols = dims.seq_k; // > 0, checked
+    let lse: Vec<f64> = xs
+        .chunks(cols)
+        .enumerate()
+        .map(|(r, row)| {
+            let (shift, sum) = row_max_sum(&row_logits(row, r, cols, ms.as_deref(), scale));
+            // A fully masked row: shift 0 and sum 0, so -inf. A NaN or +inf logit: NaN.
+            shift + sum.ln()
+        })
+        .collect();
+    let dtype = if T::DTYPE == DType::F64 { DType::F64 } else { DType::F32 };
+    Tensor::from_f64(&lse, [dims.batch, dims.heads, dims.seq_q], dtype, Device::Cpu)
+}
+
+/// The log-sum-exp from existing ops, on any device (CUDA's path; a unit test runs it on the
+/// CPU): in f32, each row's maximum `m` of `scale · s + mask` ([`max_dim`](super::max_dim)),
+/// and `Σ exp(z − m)` as `1 / max_j p_j`, since the softmax's largest probability is
+/// `exp(0) / Σ`. No kernel takes a logarithm, so `m − ln(max p)` is finished on the host.
+fn log_sum_exp_by_ops(dims: &Dims, scores: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> {
+    let wide = |t: &Tensor| if t.dtype() == DType::F32 { Ok(t.clone()) } else { t.to_dtype(DType::F32) };
+    let z = wide(scores)?;
+    let mask = mask.map(wide).transpose()?;
+    let mut logits = super::scale(&z, scale)?;
+    if let Some(m) = &mask {
+        logits = super::add(&logits, m)?;
+    }
+    let (row_max, _) = super::max_dim(&logits, 3, false)?;
+    let (p_max, _) = super::max_dim(&super::softmax(&z, scale, mask.as_ref())?, 3, false)?;
+    let lse: Vec<f32> = row_max
+        .to_vec::<f32>()?
+        .into_iter()
+        .zip(p_max.to_vec::<f32>()?)
+        .map(|(m, p)| match m {
+            // Every key masked: the softmax row is zeros, and ln(0) would turn -inf into NaN.
+            f32::NEG_INFINITY => f32::NEG_INFINITY,
+            m => (f64::from(m) - f64::from(p).ln()) as f32,
+        })
+        .collect();
+    Tensor::from_vec(lse, [dims.batch, dims.heads, dims.seq_q], scores.device())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CUDA's log-sum-exp, run here on the CPU, against the CPU's f64 one.
+    #[test]
+    fn log_sum_exp_by_ops_matches_the_cpu() -> Result<()> {
+        let (b, h, sq, sk) = (2, 3, 5, 7);
+        let dims = Dims { batch: b, heads: h, seq_q: sq, seq_k: sk, head_dim: 1, head_dim_v: 1 };
+        let n = b * h * sq * sk;
+        let x: Vec<f64> = (0..n).map(|i| ((i * 37 % 23) as f64 - 11.0) / 4.0).collect();
+        let mut m: Vec<f64> = (0..h * sq * sk).map(|i| ((i * 13 % 7) as f64 - 3.0) / 8.0).collect();
+        m[2] = f64::NEG_INFINITY;
+        m[sk..2 * sk].iter_mut().for_each(|v| *v = f64::NEG_INFINITY); // one row fully masked
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let scores = Tensor::from_f64(&x, [b, h, sq, sk], dtype, Device::Cpu)?;
+            let mask = Tensor::from_f64(&m, [h, sq, sk], dtype, Device::Cpu)?;
+            for mask in [None, Some(&mask)] {
+                let cpu =
+                    with_float_type!(dtype, OP, Device::Cpu, T => log_sum_exp_cpu::<T>(&dims, &scores, 0.75, mask))?;
+                let ops = log_sum_exp_by_ops(&dims, &scores, 0.75, mask)?;
+                assert_eq!((ops.dims(), ops.dtype()), (cpu.dims(), DType::F32));
+                let (cpu, ops) = (cpu.to_vec_f64()?, ops.to_vec_f64()?);
+                let mut masked_rows = 0;
+                for (r, (c, o)) in cpu.iter().zip(&ops).enumerate() {
+                    if *c == f64::NEG_INFINITY {
+                        assert_eq!(*o, f64::NEG_INFINITY, "{dtype} row {r}");
+                        masked_rows += 1;
+                    } else {
+                        assert!((c - o).abs() <= 1e-5 * (1.0 + c.abs()), "{dtype} row {r}: {o} vs {c}");
+                    }
+                }
+                assert_eq!(masked_rows, if mask.is_some() { b } else { 0 }, "{dtype}");
+            }
+        }
+        Ok(())
+    }
+}
