@@ -201,3 +201,15 @@ fn integer_tensors_are_refused_by_arithmetic() {
         unchanged(&x, &[1.0, 2.0, 3.0, 4.0]);
     }
 }
+
+#[test]
+fn index_ops_with_sizes_that_overflow_are_too_large() {
+    let x = Tensor::zeros([2, 3], DType::F32, Device::Cpu).unwrap();
+    let g = Tensor::from_vec(vec![1.0f32; 6], [2, 3], Device::Cpu).unwrap();
+    let index = Tensor::from_vec(vec![0i64, 1, 2], [3], Device::Cpu).unwrap();
+    let err = ops::index_select_backward(&g, 1, &index, usize::MAX).unwrap_err();
+    assert!(matches!(err, Error::TooLarge { op: "index_select_backward", .. }), "{err}");
+    // An index past a dim of size 2 is refused before anything is written.
+    assert!(matches!(x.index_select(0, &index), Err(Error::InvalidArgument { op: "index_select", .. })));
+    unchanged(&g, &[1.0; 6]);
+}

@@ -21,6 +21,15 @@ fn split_at(op: &'static str, dims: &[usize], dim: usize) -> Result<(usize, usiz
     Ok((dims[..dim].iter().product(), dims[dim], dims[dim + 1..].iter().product()))
 }
 
+/// The element count of `dims`, or [`Error::TooLarge`] when it overflows.
+fn element_count(op: &'static str, dims: &[usize]) -> Result<usize> {
+    dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or(Error::TooLarge {
+        op,
+        elements: u64::MAX,
+        limit: usize::MAX as u64,
+    })
+}
+
 /// `dims` without `dim`, or with it as 1 when `keepdim`.
 fn reduced_dims(dims: &[usize], dim: usize, keepdim: bool) -> Vec<usize> {
     let mut out = dims.to_vec();
@@ -306,6 +315,7 @@ pub fn gather_backward(g: &Tensor, dim: usize, index: &Tensor, dim_size: usize) 
 }
 
 /// The scatter-add behind both backwards.
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // `outer` sizes the CUDA launch
 fn scatter_add(
     op: &'static str,
     g: &Tensor,
@@ -322,7 +332,8 @@ fn scatter_add(
             check::cpu_work(op)?;
             let at = host_indices(op, index, d)?;
             let values = g.to_vec_f64()?;
-            let mut out = crate::tensor::host_vec(op, outer * d * inner, 0.0f64)?;
+            let count = element_count(op, &dims)?; // `d` is the caller's: no overflow
+            let mut out = crate::tensor::host_vec(op, count, 0.0f64)?;
             for (o, v) in values.iter().enumerate() {
                 let (rest, i) = (o / inner, o % inner);
                 let (a, j) = (rest / k, rest % k);
@@ -347,6 +358,7 @@ fn scatter_add(
 }
 
 /// `index_select` (`per_element` false: one index per `j`) or `gather` (one per output).
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // `outer` sizes the CUDA launch
 fn gather_impl(
     op: &'static str,
     x: &Tensor,
@@ -355,14 +367,15 @@ fn gather_impl(
     (outer, d, inner, k): (usize, usize, usize, usize),
     per_element: bool,
 ) -> Result<Tensor> {
-    let n = outer * k * inner;
+    let n = element_count(op, &dims)?; // `k` comes from the index: no overflow
     match x.device() {
         Device::Cpu => {
             check::cpu_work(op)?;
             let at = host_indices(op, index, d)?;
             with_element_type!(x.dtype(), T => {
                 let src = x.to_vec::<T>()?;
-                let mut out: Vec<T> = Vec::with_capacity(n);
+                let mut out: Vec<T> = Vec::new();
+                out.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { device: Device::Cpu, bytes: n.saturating_mul(x.dtype().size_in_bytes()) })?;
                 for o in 0..n {
                     let (rest, i) = (o / inner, o % inner);
                     let (a, j) = (rest / k, rest % k);
