@@ -146,6 +146,14 @@ fn describe(ordinal: usize, problems: &mut Vec<(String, String)>) {
     }
     println!("cuda:{ordinal}: kernels load from the {}", prebuilt::choose_image(major, minor));
     for family in Family::ALL {
+        if 10 * major + minor < family.min_arch() {
+            println!(
+                "    {:>12}: not loaded: needs sm_{} (its ops take their other path here)",
+                family.name(),
+                family.min_arch()
+            );
+            continue;
+        }
         if let Err(e) = dev.module(family) {
             problems.push((
                 format!("cuda:{ordinal} cannot load the {} kernels: {e}", family.name()),

@@ -41,7 +41,7 @@ cargo build --release --examples -p opsmith -p opsmith-example-custom-op -p opsm
 echo "building the criterion benches" >&2
 cargo bench --no-run -p opsmith -p opsmith-example-bias-gelu --message-format=json \
   | executables | while read -r name path; do cp "$path" "$out/bin/$name"; done
-cp benches/torch_compare.py benches/torch_graph.py "$out/"
+cp benches/torch_compare.py benches/torch_graph.py benches/attention_torch.py "$out/"
 
 # Symbols and debug info are not needed there; the carry to a GPU machine is size-limited.
 strip "$out"/bin/*

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs a bundle made by scripts/gpu-bundle.sh on a GPU machine, and prints a summary table last.
-#   run.sh [test|examples|sanitize|graphs|bench|coldstart|all]     (default: all)
+#   run.sh [test|examples|sanitize|graphs|attention|bench|coldstart|all]     (default: all)
 #   graphs: the CUDA-graph step table (QUICK=1 for fewer repeats), also part of bench.
+#   attention: attention_bench on the default and the composed path, and PyTorch's flash and cuDNN
+#   backends on the same shapes (QUICK=1 for fewer sizes and repeats), also part of bench.
 #   SUITES="test-host-gpu ..." and TOOLS="memcheck ..." narrow the GPU suites and sanitizer tools.
 # sanitize runs compute-sanitizer's memcheck, racecheck, initcheck and synccheck over every GPU suite.
 # bench needs python3 with PyTorch for the side-by-side comparison.
@@ -118,6 +120,15 @@ if [[ $what == graphs || $what == bench || $what == all ]]; then
   OPSMITH_SMALL_MATMUL=0 run graph-step-cublas "$here/bin/graph_step" ${QUICK:+--quick}
   run torch-graph python3 "$here/torch_graph.py" ${QUICK:+--quick}
   grep -E "^\||^check" "$logs/graph-step.log" "$logs/torch-graph.log" || true
+fi
+if [[ $what == attention || $what == bench || $what == all ]]; then
+  # Scaled dot-product attention (#20): whatever path opsmith picks; the composed path forced,
+  # forward only to keep it to minutes (it writes [b, h, s, s] scores, and when causal builds
+  # its mask on the host every call); PyTorch's backends. A size that fails shows as skipped.
+  run attention "$here/bin/attention_bench" ${QUICK:+--quick}
+  OPSMITH_FUSED_ATTENTION=0 run attention-composed "$here/bin/attention_bench" --no-backward ${QUICK:+--quick}
+  run attention-torch python3 "$here/attention_torch.py" ${QUICK:+--quick}
+  grep -E "^\|" "$logs/attention.log" "$logs/attention-composed.log" "$logs/attention-torch.log" || true
 fi
 if [[ $what == bench || $what == all ]]; then
   run bandwidth "$here/bin/bandwidth" --out "$logs"

@@ -260,6 +260,18 @@ pub enum Error {
         /// The driver's error and its JIT log.
         reason: String,
     },
+    /// A kernel family needs a newer GPU than this one (the attention family needs sm_80).
+    #[error("{device} is sm_{arch}; opsmith's {family} kernels need sm_{needs} or newer")]
+    UnsupportedArch {
+        /// The kernel family.
+        family: &'static str,
+        /// Its oldest architecture, `10 * major + minor`.
+        needs: u32,
+        /// The device's architecture.
+        arch: u32,
+        /// The device.
+        device: Device,
+    },
     /// A kernel image embedded in opsmith does not decompress: the crate's files are damaged.
     #[error("opsmith's embedded {image} is damaged ({reason}); reinstall the opsmith-host crate")]
     DamagedKernelImage {

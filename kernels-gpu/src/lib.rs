@@ -38,6 +38,8 @@ extern crate std;
 // The activation formulas are part of the device-side std (a kernel crate's fused op may call
 // `activation::gelu`); the module's kernels are gated on the feature inside it.
 pub mod activation;
+#[cfg(any(not(target_arch = "nvptx64"), feature = "attention"))]
+mod attention;
 pub mod convert;
 pub mod decl;
 #[cfg(target_arch = "nvptx64")]
@@ -66,8 +68,8 @@ mod softmax;
 mod timing;
 
 pub use names::{
-    ActivationKernels, ElementwiseKernels, Family, LossKernels, MatmulKernels, OptimizerKernels, ReductionKernels,
-    SoftmaxKernels,
+    ActivationKernels, AttentionKernels, ElementwiseKernels, Family, LossKernels, MatmulKernels, OptimizerKernels,
+    ReductionKernels, SoftmaxKernels,
 };
 
 /// The kernels never unwind: a panic on the device stops the thread with a trap, which the host

@@ -443,6 +443,25 @@ impl LossKernels {
     }
 }
 
+/// The fused attention kernels of one 16-bit storage dtype (the attention family, which needs
+/// sm_80: `mma.sync` on bf16, `ldmatrix`, `cp.async`). One kernel per head size, since the
+/// head size fixes the tile shapes and the registers each thread holds.
+#[allow(clippy::type_complexity)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionKernels {
+    /// The forward for head_dim 64: `out` and the log-sum-exp of every query row.
+    pub forward_d64: KernelDecl<(In, In, In, Out, Out, u32, u32, u32, f32, u32)>,
+    /// The forward for head_dim 128.
+    pub forward_d128: KernelDecl<(In, In, In, Out, Out, u32, u32, u32, f32, u32)>,
+}
+
+impl AttentionKernels {
+    /// Every entry point of the table.
+    pub const fn all(&self) -> [&'static str; 2] {
+        [self.forward_d64.name(), self.forward_d128.name()]
+    }
+}
+
 /// The small matrix product kernels of one storage dtype (see the `matmul` family).
 // The long tuples are the kernels' parameter lists, spelled out on purpose.
 #[allow(clippy::type_complexity)]
@@ -513,6 +532,16 @@ pub mod optim {
     pub use crate::optim::F32;
 }
 
+/// The fused attention tables, by dtype (f16 and bf16 only).
+///
+/// ```
+/// assert_eq!(opsmith_kernels::names::attention::BF16.forward_d128.name(), "attention_forward_d128_bf16");
+/// ```
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod attention {
+    pub use crate::attention::{BF16, F16};
+}
+
 /// The softmax tables, by dtype.
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod softmax {
@@ -561,6 +590,10 @@ pub const ALL_SOFTMAX: [SoftmaxKernels; 3] = [softmax::F32, softmax::F16, softma
 #[cfg(not(target_arch = "nvptx64"))]
 pub const ALL_LOSS: [LossKernels; 3] = [loss::F32, loss::F16, loss::BF16];
 
+/// Every fused attention table this crate defines.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const ALL_ATTENTION: [AttentionKernels; 2] = [attention::F16, attention::BF16];
+
 /// Every small matrix product table this crate defines.
 #[cfg(not(target_arch = "nvptx64"))]
 pub const ALL_MATMUL: [MatmulKernels; 3] = [matmul::F32, matmul::F16, matmul::BF16];
@@ -571,9 +604,9 @@ pub const ALL_MATMUL: [MatmulKernels; 3] = [matmul::F32, matmul::F16, matmul::BF
 /// let names: Vec<&str> = opsmith_kernels::names::all_kernel_names().collect();
 /// // Three dtypes of elementwise (with along-a-dim and random), reduction, activation,
 /// // softmax, loss and small-product kernels; f32 optimizers. Softmax, each way: 3 one-warp
-/// // sizes, 1 block-per-row and 1 long kernel. index_select and gather for six dtypes. And
-/// // the benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 3) + 6 * 2 + 6 + 1);
+/// // sizes, 1 block-per-row and 1 long kernel. index_select and gather for six dtypes. The
+/// // fused attention forward for f16 and bf16 at two head sizes. And the benchmarks' `spin_ns`.
+/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 3) + 6 * 2 + 6 + 2 * 2 + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]
@@ -609,11 +642,13 @@ pub enum Family {
     Timing,
     /// Matrix products too small for a library GEMM.
     Matmul,
+    /// Fused attention on tensor cores: needs sm_80 ([`Family::min_arch`]).
+    Attention,
 }
 
 impl Family {
     /// Every family, in the order the modules are shipped.
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::Elementwise,
         Family::Reduction,
         Family::Activation,
@@ -622,6 +657,7 @@ impl Family {
         Family::Loss,
         Family::Timing,
         Family::Matmul,
+        Family::Attention,
     ];
 
     /// The family's name: its cargo feature in this crate, and the stem of its shipped files.
@@ -635,6 +671,32 @@ impl Family {
             Family::Loss => "loss",
             Family::Timing => "timing",
             Family::Matmul => "matmul",
+            Family::Attention => "attention",
+        }
+    }
+
+    /// The oldest GPU architecture (`10 * major + minor`) the family's kernels run on: 70 for
+    /// most, 80 for [`Family::Attention`], whose tensor-core instructions (`mma.sync` on bf16,
+    /// `ldmatrix`, `cp.async`) Volta and Turing lack. Its PTX targets this architecture, and
+    /// cubins are shipped only for architectures at least as new.
+    ///
+    /// ```
+    /// use opsmith_kernels::Family;
+    /// assert_eq!((Family::Softmax.min_arch(), Family::Attention.min_arch()), (70, 80));
+    /// assert_eq!(Family::Attention.ptx_arch(), "sm_80");
+    /// ```
+    pub const fn min_arch(self) -> u32 {
+        match self {
+            Family::Attention => 80,
+            _ => 70,
+        }
+    }
+
+    /// The `sm_XY` target of the family's PTX: its [`min_arch`](Self::min_arch).
+    pub const fn ptx_arch(self) -> &'static str {
+        match self.min_arch() {
+            80 => "sm_80",
+            _ => crate::prebuilt::PTX_ARCH,
         }
     }
 
@@ -663,6 +725,7 @@ impl Family {
             Family::Loss => Box::new(ALL_LOSS.into_iter().flat_map(|t| t.all())),
             Family::Timing => Box::new([SPIN].into_iter()),
             Family::Matmul => Box::new(ALL_MATMUL.into_iter().flat_map(|t| t.all())),
+            Family::Attention => Box::new(ALL_ATTENTION.into_iter().flat_map(|t| t.all())),
         }
     }
 

@@ -23,6 +23,19 @@ pub const PTX_ARCH: &str = "sm_70";
 /// (B200) and consumer (RTX 50).
 pub const CUBIN_ARCHS: [u32; 7] = [75, 80, 86, 89, 90, 100, 120];
 
+/// The architectures a cubin of `family` is shipped for: those of [`CUBIN_ARCHS`] at least as
+/// new as the family's [`min_arch`](crate::Family::min_arch).
+///
+/// ```
+/// use opsmith_kernels::{Family, prebuilt::cubin_archs};
+/// assert_eq!(cubin_archs(Family::Attention).first(), Some(&80));
+/// assert_eq!(cubin_archs(Family::Loss).len(), 7);
+/// ```
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn cubin_archs(family: crate::Family) -> std::vec::Vec<u32> {
+    CUBIN_ARCHS.iter().copied().filter(|&arch| arch >= family.min_arch()).collect()
+}
+
 /// The shipped cubin that runs on a GPU of compute capability `major.minor`: its own
 /// architecture's, else the newest one of the same major version that is not newer than the
 /// GPU (NVIDIA guarantees machine code for `X.y` runs on `X.z` for `z >= y`), else none, and

@@ -10,7 +10,7 @@
 //! repository root) and `ptxas` (`pip install nvidia-cuda-nvcc==13.0.88`, or `OPSMITH_PTXAS`).
 //! The output is deterministic: the same sources, nightly and ptxas give the same bytes.
 use opsmith_kernels::Family;
-use opsmith_kernels::prebuilt::{CUBIN_ARCHS, PTX_ARCH};
+use opsmith_kernels::prebuilt::cubin_archs;
 use opsmith_ptx_builder::{PtxBuilder, entry_names, find_ptxas};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -71,7 +71,7 @@ fn kernels(check: bool) -> Result<(), String> {
         let built = PtxBuilder::new(root.join("kernels-gpu"))
             .default_features(false)
             .features([name])
-            .arch(PTX_ARCH)
+            .arch(family.ptx_arch())
             .out_dir(scratch.join(name))
             .rerun_if_changed(false)
             .build()
@@ -86,8 +86,9 @@ fn kernels(check: bool) -> Result<(), String> {
         write(&ptx_path, ptx.as_bytes())?;
         write(&fresh.join(format!("{name}.ptx.zlib")), &deflate(ptx.as_bytes()))?;
         // ptxas runs once per architecture, in parallel.
+        let archs = cubin_archs(family);
         let results: Vec<Result<(), String>> = std::thread::scope(|s| {
-            let jobs: Vec<_> = CUBIN_ARCHS
+            let jobs: Vec<_> = archs
                 .iter()
                 .map(|arch| {
                     let (ptxas, ptx_path, scratch, fresh) = (&ptxas, &ptx_path, &scratch, &fresh);
@@ -107,7 +108,7 @@ fn kernels(check: bool) -> Result<(), String> {
             "{name:>12}: {} kernels, PTX {} KiB, {} cubins, {:.1} s",
             entry_names(&ptx).len(),
             ptx.len() / 1024,
-            CUBIN_ARCHS.len(),
+            archs.len(),
             started.elapsed().as_secs_f64()
         );
     }

@@ -418,6 +418,10 @@ impl CudaDevice {
     fn load_family(&self, family: Family) -> Result<LoadedFamily> {
         let started = Instant::now();
         let (major, minor) = self.compute_capability()?;
+        if 10 * major + minor < family.min_arch() {
+            let (needs, arch) = (family.min_arch(), 10 * major + minor);
+            return Err(Error::UnsupportedArch { family: family.name(), needs, arch, device: self.device() });
+        }
         let name = format!("opsmith/{}", family.name());
         let device = self.device();
         let mut note = None;

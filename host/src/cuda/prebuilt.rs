@@ -25,7 +25,8 @@ use crate::{Error, Result};
 /// One family's files: its PTX and its cubins by architecture, compressed.
 struct FamilyFiles {
     ptx: &'static [u8],
-    cubins: [(u32, &'static [u8]); CUBIN_ARCHS.len()],
+    /// Every architecture of `cubin_archs(family)`.
+    cubins: &'static [(u32, &'static [u8])],
 }
 
 /// Embeds a family's files. The architectures are spelled out because `include_bytes!` takes a
@@ -34,8 +35,22 @@ macro_rules! family_files {
     ($family:literal) => {
         FamilyFiles {
             ptx: include_bytes!(concat!("../../prebuilt/", $family, ".ptx.zlib")),
-            cubins: [
+            cubins: &[
                 (75, include_bytes!(concat!("../../prebuilt/", $family, ".sm_75.cubin.zlib"))),
+                (80, include_bytes!(concat!("../../prebuilt/", $family, ".sm_80.cubin.zlib"))),
+                (86, include_bytes!(concat!("../../prebuilt/", $family, ".sm_86.cubin.zlib"))),
+                (89, include_bytes!(concat!("../../prebuilt/", $family, ".sm_89.cubin.zlib"))),
+                (90, include_bytes!(concat!("../../prebuilt/", $family, ".sm_90.cubin.zlib"))),
+                (100, include_bytes!(concat!("../../prebuilt/", $family, ".sm_100.cubin.zlib"))),
+                (120, include_bytes!(concat!("../../prebuilt/", $family, ".sm_120.cubin.zlib"))),
+            ],
+        }
+    };
+    // A family whose minimum architecture is sm_80 (`Family::min_arch`).
+    ($family:literal, from sm_80) => {
+        FamilyFiles {
+            ptx: include_bytes!(concat!("../../prebuilt/", $family, ".ptx.zlib")),
+            cubins: &[
                 (80, include_bytes!(concat!("../../prebuilt/", $family, ".sm_80.cubin.zlib"))),
                 (86, include_bytes!(concat!("../../prebuilt/", $family, ".sm_86.cubin.zlib"))),
                 (89, include_bytes!(concat!("../../prebuilt/", $family, ".sm_89.cubin.zlib"))),
@@ -66,6 +81,7 @@ fn files(family: Family) -> &'static FamilyFiles {
     static LOSS: FamilyFiles = family_files!("loss");
     static TIMING: FamilyFiles = family_files!("timing");
     static MATMUL: FamilyFiles = family_files!("matmul");
+    static ATTENTION: FamilyFiles = family_files!("attention", from sm_80);
     match family {
         Family::Elementwise => &ELEMENTWISE,
         Family::Reduction => &REDUCTION,
@@ -75,6 +91,7 @@ fn files(family: Family) -> &'static FamilyFiles {
         Family::Loss => &LOSS,
         Family::Timing => &TIMING,
         Family::Matmul => &MATMUL,
+        Family::Attention => &ATTENTION,
     }
 }
 
@@ -83,7 +100,8 @@ fn inflate(family: Family, what: &str, bytes: &[u8]) -> Result<Vec<u8>> {
         .map_err(|e| Error::DamagedKernelImage { image: format!("{} {what}", family.name()), reason: format!("{e:?}") })
 }
 
-/// The family's PTX text (for [`PTX_ARCH`], which the driver compiles for any newer GPU).
+/// The family's PTX text (for its [`Family::ptx_arch`], [`PTX_ARCH`] for most families, which
+/// the driver compiles for any newer GPU).
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
@@ -168,8 +186,14 @@ mod tests {
             for name in family.kernel_names() {
                 assert!(ptx.contains(&format!(".visible .entry {name}(")), "{name} missing from {family:?}");
             }
+            assert!(ptx.contains(&format!(".target {}", family.ptx_arch())), "{family:?}");
             for arch in CUBIN_ARCHS {
-                let cubin = cubin(family, arch).unwrap().unwrap();
+                let shipped = cubin(family, arch).unwrap();
+                if arch < family.min_arch() {
+                    assert!(shipped.is_none(), "{family:?} needs sm_{}, yet ships sm_{arch}", family.min_arch());
+                    continue;
+                }
+                let cubin = shipped.unwrap();
                 assert_eq!(&cubin[..4], b"\x7fELF", "{family:?} sm_{arch}");
             }
         }

@@ -1,18 +1,27 @@
 //! Scaled dot-product attention, `softmax(scale · q·kᵀ + mask) · v`, over tensors of
 //! `[batch, heads, seq, head_dim]`.
 //!
-//! Today every call takes the composed path: one batched product for the scores, the softmax
-//! kernel with the causal and user masks added into one, and a second product. It holds the
-//! `[batch, heads, seq_q, seq_k]` scores and probabilities in memory, and on f16 and bf16 it
-//! rounds the scores to the storage dtype before the softmax (as PyTorch's math path does). A
-//! fused FlashAttention-style kernel, which keeps the scores on chip in f32, is to take over the
-//! calls it supports at the dispatch points of [`attention`] and [`attention_with_lse`]; the
-//! composed path stays as the fallback for everything else, and as the reference the fused
-//! kernel is tested against.
+//! Two paths compute it:
+//! * **fused**: on CUDA GPUs of sm_80 and newer, for f16 and bf16 with head_dim 64 or 128 and no
+//!   `mask` (causal or not), one kernel of the attention family (`kernels-gpu`'s
+//!   `device::flash`) walks the keys in tiles on tensor cores with an online softmax. The scores
+//!   stay on chip in f32; nothing of size `[seq_q, seq_k]` is written. It also writes the
+//!   log-sum-exp, so [`attention_with_lse`] costs no more than [`attention`].
+//!   [`attention_is_fused`] says whether a call takes it.
+//! * **composed**, for everything else (the CPU, f32 and f64, other head sizes, a `mask`, older
+//!   GPUs, `OPSMITH_FUSED_ATTENTION=0`): one batched product for the scores, the softmax kernel
+//!   with the causal and user masks added into one, and a second product. It holds the
+//!   `[batch, heads, seq_q, seq_k]` scores and probabilities in memory, and on f16 and bf16 it
+//!   rounds the scores to the storage dtype before the softmax (as PyTorch's math path does).
+//!
+//! The two agree within the storage dtype's rounding; the fused path is the more accurate one
+//! on f16 and bf16, since it rounds neither the scores nor the probabilities' sum.
 use super::check;
 use super::softmax::{row_logits, row_max_sum};
 use crate::dtype::{Accumulator, with_float_type};
 use crate::{DType, Device, Element, Error, Result, Tensor};
+#[cfg(feature = "cuda")]
+use opsmith_kernels::decl::{In, Out};
 
 const OP: &str = "attention";
 
@@ -117,10 +126,12 @@ impl Dims {
 /// that is not finite ([`Error::InvalidArgument`]). Every error names `"attention"`. An empty
 /// batch, heads or `seq_q` gives an empty result.
 ///
-/// Arithmetic: the composed path (the only one today) computes the scores with
-/// [`matmul_t`](super::matmul_t) and rounds them to the dtype, then [`softmax`](super::softmax),
-/// then [`matmul`](super::matmul): f32 for f16, bf16 and f32, f64 for f64, each step rounded once
-/// to the dtype.
+/// Arithmetic: the fused kernel (see [`attention_is_fused`]) keeps the scores, the running
+/// maxima and sums and the output in f32, rounds the probabilities to the dtype for the second
+/// product on tensor cores (as FlashAttention does), and rounds the output once. The composed
+/// path computes the scores with [`matmul_t`](super::matmul_t) and rounds them to the dtype,
+/// then [`softmax`](super::softmax), then [`matmul`](super::matmul): f32 for f16, bf16 and f32,
+/// f64 for f64, each step rounded once to the dtype.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
@@ -147,8 +158,9 @@ pub fn attention(
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
     let dims = Dims::check(q, k, Some(v), scale, mask)?;
-    // Dispatch point, as in `attention_with_lse`: a fused kernel is to take the calls it
-    // supports here, and every other call falls through to the composed path.
+    if let Some((out, _lse)) = fused(&dims, q, k, v, scale, causal, mask)? {
+        return Ok(out);
+    }
     // `..` drops the scores and the mask before the second product allocates its output.
     let Composed { p, .. } = composed(&dims, q, k, scale, causal, mask)?;
     apply(&dims, &p, v)
@@ -163,11 +175,11 @@ pub fn attention(
 /// `[batch, heads, seq_q]`, f32 for f16, bf16 and f32 inputs and f64 for f64. A query whose every
 /// key is masked has `lse = -inf`. Shapes and errors as for [`attention`].
 ///
-/// On the CPU the log-sum-exp is computed in f64 from the same rounded scores the softmax uses.
-/// On CUDA the composed path gets each row's maximum and sum from existing kernels in f32 and,
-/// having no logarithm kernel, finishes the `ln` on the host: it reads `batch · heads · seq_q`
-/// values back, so it waits for the device and cannot be captured in a CUDA graph (the fused
-/// kernel will write the log-sum-exp itself). [`attention`] has no such step.
+/// The fused kernel writes the log-sum-exp itself, from its f32 scores. On the CPU it is
+/// computed in f64 from the same rounded scores the softmax uses. On CUDA the composed path gets
+/// each row's maximum and sum from existing kernels in f32 and, having no logarithm kernel,
+/// finishes the `ln` on the host: it reads `batch · heads · seq_q` values back, so it waits for
+/// the device and cannot be captured in a CUDA graph. [`attention`] has no such step.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
@@ -191,8 +203,9 @@ pub fn attention_with_lse(
     mask: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
     let dims = Dims::check(q, k, Some(v), scale, mask)?;
-    // Dispatch point: the fused kernel is to go here, for the dtypes, head sizes and masks it
-    // supports (writing `out` and `lse` in one pass); every other call falls through.
+    if let Some(fused) = fused(&dims, q, k, v, scale, causal, mask)? {
+        return Ok(fused);
+    }
     let c = composed(&dims, q, k, scale, causal, mask)?;
     let lse = log_sum_exp(&dims, &c.scores, scale, c.mask.as_ref())?;
     Ok((apply(&dims, &c.p, v)?, lse))
@@ -226,6 +239,116 @@ struct Composed {
     mask: Option<Tensor>,
     /// `softmax(scale · scores + mask)`, the scores' shape.
     p: Tensor,
+}
+
+/// The environment variable that turns the fused kernel off: `OPSMITH_FUSED_ATTENTION=0` sends
+/// every call to the composed path (to compare the two, or to rule the kernel out). Read once
+/// per process.
+pub const FUSED_ATTENTION_ENV: &str = "OPSMITH_FUSED_ATTENTION";
+
+/// Whether a call of these operands takes the fused kernel: CUDA, f16 or bf16, head_dim 64 or
+/// 128 for `q`, `k` and `v` alike, no `mask` (causal is fine), a GPU of sm_80 or newer, operands
+/// at 16-byte aligned addresses, sizes that fit the kernel's 32-bit indices, and
+/// [`FUSED_ATTENTION_ENV`] not `0`. Every other call takes the composed path.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{DType, Device, Tensor, ops};
+/// let q = Tensor::zeros([1, 2, 16, 64], DType::BF16, Device::Cpu)?;
+/// // The CPU always composes.
+/// assert!(!ops::attention_is_fused(&q, &q, &q, false, None));
+/// # Ok(()) }
+/// ```
+pub fn attention_is_fused(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, mask: Option<&Tensor>) -> bool {
+    let _ = causal; // both ways are fused
+    match Dims::check(q, k, Some(v), 1.0, mask) {
+        Ok(dims) => fused_kernel(&dims, q, k, v, mask).is_some(),
+        Err(_) => false,
+    }
+}
+
+/// A fused forward kernel: `q, k, v, out, lse, heads, seq_q, seq_k, scale_log2, causal`.
+#[cfg(feature = "cuda")]
+type ForwardKernel = opsmith_kernels::decl::KernelDecl<(In, In, In, Out, Out, u32, u32, u32, f32, u32)>;
+
+/// The fused kernel that serves these checked operands, if any (see [`attention_is_fused`]).
+#[cfg(feature = "cuda")]
+fn fused_kernel(dims: &Dims, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Option<ForwardKernel> {
+    use opsmith_kernels::names::attention::{BF16, F16};
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let enabled = *ENABLED.get_or_init(|| std::env::var(FUSED_ATTENTION_ENV).map_or(true, |v| v.trim() != "0"));
+    let Device::Cuda(ordinal) = q.device() else { return None };
+    let table = match q.dtype() {
+        DType::F16 => F16,
+        DType::BF16 => BF16,
+        _ => return None,
+    };
+    let kernel = match (dims.head_dim, dims.head_dim_v) {
+        (64, 64) => table.forward_d64,
+        (128, 128) => table.forward_d128,
+        _ => return None,
+    };
+    let fits_u32 = |n: usize| u32::try_from(n).is_ok();
+    let heads = dims.batch * dims.heads;
+    let blocks = heads.checked_mul(dims.seq_q.div_ceil(64))?;
+    let sizes_fit = fits_u32(heads) && fits_u32(dims.seq_q) && fits_u32(dims.seq_k) && blocks <= i32::MAX as usize;
+    // Whole allocations are 256-byte aligned; a view's offset may not be.
+    let aligned = [q, k, v].iter().all(|t| (t.offset * t.dtype().size_in_bytes()) % 16 == 0);
+    let arch_ok = crate::cuda::CudaDevice::get(ordinal)
+        .and_then(|d| d.compute_capability())
+        .is_ok_and(|(major, minor)| 10 * major + minor >= opsmith_kernels::Family::Attention.min_arch());
+    (enabled && mask.is_none() && sizes_fit && aligned && arch_ok).then_some(kernel)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn fused_kernel(_: &Dims, _: &Tensor, _: &Tensor, _: &Tensor, _: Option<&Tensor>) -> Option<std::convert::Infallible> {
+    None
+}
+
+/// `(out, lse)` from the fused kernel when it serves the call (see [`attention_is_fused`]), in
+/// one launch; `None` sends the call to the composed path.
+#[cfg(feature = "cuda")]
+fn fused(
+    dims: &Dims,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    causal: bool,
+    mask: Option<&Tensor>,
+) -> Result<Option<(Tensor, Tensor)>> {
+    use crate::cuda::{Grid, LaunchConfig};
+    let Some(kernel) = fused_kernel(dims, q, k, v, mask) else { return Ok(None) };
+    let scale_log2 = (scale * std::f64::consts::LOG2_E) as f32;
+    if !scale_log2.is_finite() {
+        // A scale past f32's range: the composed path scales in the accumulator's precision.
+        return Ok(None);
+    }
+    let out = Tensor::empty([dims.batch, dims.heads, dims.seq_q, dims.head_dim], q.dtype(), q.device())?;
+    let lse = Tensor::empty([dims.batch, dims.heads, dims.seq_q], DType::F32, q.device())?;
+    let heads = dims.batch * dims.heads;
+    if heads == 0 || dims.seq_q == 0 {
+        return Ok(Some((out, lse)));
+    }
+    // Checked by `fused_kernel`: every size fits u32 and the grid an i32.
+    let blocks = (heads * dims.seq_q.div_ceil(64)) as u32;
+    let grid = Grid::Config(LaunchConfig { grid: blocks, block: 128, shared_mem_bytes: 0 });
+    let sizes = (heads as u32, dims.seq_q as u32, dims.seq_k as u32);
+    crate::cuda::launch(kernel, grid, (q, k, v, &out, &lse, sizes.0, sizes.1, sizes.2, scale_log2, causal as u32))?;
+    Ok(Some((out, lse)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn fused(
+    _: &Dims,
+    _: &Tensor,
+    _: &Tensor,
+    _: &Tensor,
+    _: f64,
+    _: bool,
+    _: Option<&Tensor>,
+) -> Result<Option<(Tensor, Tensor)>> {
+    Ok(None)
 }
 
 /// The composed path up to the probabilities: `matmul_t`, then `softmax`.

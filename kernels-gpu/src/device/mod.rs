@@ -14,14 +14,20 @@
 //!   their loads and stores.
 //! * [`unroll`]: loops expanded into straight-line code, so arrays indexed by them stay in
 //!   registers.
+//! * [`tensor_core`]: `mma.sync`, `ldmatrix` and `cp.async` (sm_80), for the attention family.
+//! * [`flash`]: the fused attention forward's tile walk (online softmax on tensor cores).
 //! * [`logsumexp`]: a row's maximum and sum of exponentials, for softmax and cross-entropy.
 pub mod block;
 pub mod element;
 pub mod elementwise;
+#[cfg(feature = "attention")]
+pub mod flash;
 pub mod index;
 pub mod logsumexp;
 pub mod math;
 pub mod memory;
 pub mod rows;
+#[cfg(feature = "attention")]
+pub mod tensor_core;
 pub mod unroll;
 pub mod warp;

@@ -27,6 +27,19 @@ unsafe fn butterfly(mut value: f32, combine: impl Fn(f32, f32) -> f32) -> f32 {
     value
 }
 
+/// `value` from the lane whose index differs from this one's in the bits of `lane_mask`
+/// (`shfl.sync.bfly`): the step of a butterfly over a part of the warp, such as the four lanes
+/// that share a row of a tensor-core fragment (`lane_mask` 1 and 2).
+///
+/// # Safety
+/// All 32 lanes of the warp must call it together (no lane may have exited or diverged).
+#[inline(always)]
+pub unsafe fn xor_shuffle(value: f32, lane_mask: u32) -> f32 {
+    // SAFETY: the caller guarantees the whole warp is converged here; clamp 0x1f keeps the
+    // exchange inside the warp.
+    unsafe { shfl_sync_bfly_f32(FULL_WARP, value, lane_mask, 0x1f) }
+}
+
 /// The sum of `value` over the 32 lanes of the warp, returned to every lane, in a fixed order of
 /// additions.
 ///

@@ -1,0 +1,313 @@
+//! The fused attention forward: one block per 64 queries of one head, walking the keys in tiles
+//! of 64 with an online softmax (FlashAttention-2's loop order), on `mma.sync` tensor cores.
+//!
+//! Per block: four warps, each owning 16 query rows. The block's `q` tile is copied to shared
+//! memory once and moved into registers as `mma` `A` fragments. For each tile of keys:
+//!
+//! 1. `S = q·kᵀ` (16 × 64 per warp, f32 in registers), from `k` fragments read with `ldmatrix`;
+//! 2. masking (past `seq_k`, and above the diagonal when causal) and scaling by
+//!    `scale·log2(e)`, so that every exponential is one `ex2`;
+//! 3. the online softmax: each row's running maximum `m` grows to cover the tile, the running
+//!    output and sum are multiplied by `2^(m_old − m_new)`, and `P = 2^(S − m_new)`;
+//! 4. `O += P·v`, with `P` converted in registers from the accumulator layout to the `A`
+//!    fragment layout (the two coincide for the m16n8k16 shape) and `v` read with a transposing
+//!    `ldmatrix`.
+//!
+//! `k` and `v` tiles each have one shared buffer; the copy of `v` runs during step 1 and the
+//! copy of the next `k` during steps 3–4, behind `cp.async`. Shared rows are stored in 16-byte
+//! chunks whose index is XOR-ed with the row number mod 8, so the 8 rows an `ldmatrix` reads at
+//! one column fall in 8 different bank groups.
+//!
+//! Row sums are kept per thread (each of the four lanes sharing a row holds a quarter of it)
+//! and added across the four lanes once, at the end. A row that sees no key keeps `m = -inf`;
+//! its exponentials are taken against 0 instead, so it sums to 0 and writes zeros and
+//! `lse = -inf`.
+use super::math::{LN_2, exp2, log2};
+use super::tensor_core::{
+    MmaElement, cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans, mma, pack, shared_tile,
+};
+use super::unroll::{Count, Unrolled, unroll};
+use super::warp::xor_shuffle;
+use core::arch::nvptx;
+
+/// Queries per block (16 per warp).
+pub const BLOCK_Q: u32 = 64;
+/// Keys per tile.
+pub const BLOCK_K: u32 = 64;
+/// Threads per block.
+pub const THREADS: u32 = 128;
+/// Key column groups of 8 in a tile: the `n` blocks of `S`.
+const KEY_GROUPS: usize = BLOCK_K as usize / 8;
+
+/// The byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of `chunks` chunks
+/// per row.
+#[inline(always)]
+fn swizzled(row: u32, chunk: u32, chunks: u32) -> u32 {
+    (row * chunks + (chunk ^ (row & 7))) * 16
+}
+
+/// Starts the copy of rows `first..first + 64` of a `[rows, D]` matrix into a swizzled tile
+/// (`LOADS = 64·D / 8 / THREADS` chunks per thread); rows past `rows` are zero-filled.
+///
+/// # Safety
+/// `matrix` is valid for `rows·D` 16-byte aligned elements; the tile holds `64·D` elements and
+/// nothing reads it until a wait and a barrier.
+#[inline(always)]
+unsafe fn load_tile<const D: usize, const LOADS: usize>(tile: u32, matrix: *const u16, first: u32, rows: u32, tid: u32)
+where
+    Count<LOADS>: Unrolled,
+{
+    let chunks = D as u32 / 8;
+    unroll::<LOADS>(|i| {
+        let c = tid + THREADS * i as u32;
+        let (r, chunk) = (c / chunks, c % chunks);
+        let row = first + r;
+        let valid = row < rows;
+        // A row past the end copies nothing; its source is any mapped address.
+        let source = if valid { matrix.wrapping_add(row as usize * D + chunk as usize * 8) } else { matrix };
+        // SAFETY: `source` is inside the matrix when valid; `tile + swizzled(..)` is inside the tile.
+        unsafe { cp_async_16(tile + swizzled(r, chunk, chunks), source as *const u8, if valid { 16 } else { 0 }) };
+    });
+    cp_async_commit();
+}
+
+/// The attention forward for head size `D`, with its unroll counts: `K_STEPS = D / 16` (the `k`
+/// steps of `q·kᵀ`, and the pairs of 8-wide output column groups of `P·v`), `K_PAIRS = D / 32`
+/// and `LOADS = D / 16` (copies per thread per tile). See the module docs.
+///
+/// # Safety
+/// The kernel's contract (`attention_forward_d*` in the attention family): `q`/`out` valid for
+/// `heads·seq_q·D` elements and `k`/`v` for `heads·seq_k·D`, `lse` for `heads·seq_q`, all 16-byte
+/// aligned, outputs disjoint from everything else; 128 threads per block,
+/// `heads·ceil(seq_q / 64)` blocks.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const K_PAIRS: usize, const LOADS: usize>(
+    q: *const T,
+    k: *const T,
+    v: *const T,
+    out: *mut T,
+    lse: *mut f32,
+    heads: u32,
+    seq_q: u32,
+    seq_k: u32,
+    scale_log2: f32,
+    causal: bool,
+) where
+    Count<K_STEPS>: Unrolled,
+    Count<K_PAIRS>: Unrolled,
+    Count<LOADS>: Unrolled,
+{
+    let q_tiles = seq_q.div_ceil(BLOCK_Q);
+    if q_tiles == 0 || seq_k == 0 {
+        return;
+    }
+    // SAFETY: reading special registers has no preconditions.
+    let (block, tid) = unsafe { (nvptx::_block_idx_x() as u32, nvptx::_thread_idx_x() as u32) };
+    let head = block / q_tiles;
+    if head >= heads {
+        return;
+    }
+    // Causal rows near the end see the most keys: their blocks start first.
+    let tile = if causal { q_tiles - 1 - block % q_tiles } else { block % q_tiles };
+    let q_start = tile * BLOCK_Q;
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let chunks = D as u32 / 8;
+
+    let tiles = match D {
+        64 => shared_tile!(opsmith_flash_tiles_d64, 24576),
+        _ => shared_tile!(opsmith_flash_tiles_d128, 49152),
+    };
+    let tile_bytes = BLOCK_Q * D as u32 * 2;
+    let (q_tile, k_tile, v_tile) = (tiles, tiles + tile_bytes, tiles + 2 * tile_bytes);
+
+    let q_head = q.wrapping_add(head as usize * seq_q as usize * D) as *const u16;
+    let k_head = k.wrapping_add(head as usize * seq_k as usize * D) as *const u16;
+    let v_head = v.wrapping_add(head as usize * seq_k as usize * D) as *const u16;
+
+    // The key tiles this block needs: with causal masking, none past its last query.
+    let mut key_tiles = seq_k.div_ceil(BLOCK_K);
+    if causal {
+        let last_query = (q_start + BLOCK_Q - 1).min(seq_q - 1);
+        key_tiles = key_tiles.min(last_query / BLOCK_K + 1);
+    }
+
+    // SAFETY (the copies): the heads' matrices are in bounds by the kernel's contract; the tiles
+    // are this block's shared memory, read only after the waits and barriers below.
+    unsafe {
+        load_tile::<D, LOADS>(q_tile, q_head, q_start, seq_q, tid);
+        load_tile::<D, LOADS>(k_tile, k_head, 0, seq_k, tid);
+        load_tile::<D, LOADS>(v_tile, v_head, 0, seq_k, tid);
+    }
+    cp_async_wait::<1>();
+    // SAFETY: every thread of the block reaches each barrier of this function (the branches
+    // around them depend only on block-wide values).
+    unsafe { nvptx::_syncthreads() };
+
+    // This warp's 16 query rows as `A` fragments, one per 16 columns of `q`.
+    let mut q_frag = [[0u32; 4]; K_STEPS];
+    unroll::<K_STEPS>(|kk| {
+        let row = warp * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+        let chunk = 2 * kk as u32 + lane / 16;
+        // SAFETY: the q tile has arrived (wait + barrier above); the warp is converged.
+        q_frag[kk] = unsafe { ldmatrix_x4(q_tile + swizzled(row, chunk, chunks)) };
+    });
+
+    // The ldmatrix addresses of the loop, as a few per-lane bases plus constants, so that the
+    // compiler keeps 6 registers of addresses rather than one per load. With `r = lane % 8` (the
+    // row's swizzle, since every row read is r mod 8) and `c = lane / 8`: a k load reads chunk
+    // `(4kp + c) ^ r = 4·(kp ^ (r >> 2)) + (c ^ (r & 3))` (r >> 2 flips only kp's lowest bit),
+    // a v load chunk `(2d + (c >> 1)) ^ r = 2·(d ^ (r >> 1)) + ((c >> 1) ^ (r & 1))` (r >> 1 flips
+    // only d's two lowest bits).
+    let (r, c) = (lane % 8, lane / 8);
+    let k_row = k_tile + (r * chunks + (c ^ (r & 3))) * 16;
+    let k_lane = [k_row + 64 * (r >> 2), k_row + 64 * (1 ^ (r >> 2))];
+    let v_row = v_tile + ((r + 8 * (c & 1)) * chunks + ((c >> 1) ^ (r & 1))) * 16;
+    let v_lane: [u32; 4] = core::array::from_fn(|j| v_row + 32 * (j as u32 ^ (r >> 1)));
+
+    // The thread's two rows (g and g + 8 of the warp's 16), as query indices.
+    let rows = [q_start + warp * 16 + g, q_start + warp * 16 + g + 8];
+    let mut row_max = [f32::NEG_INFINITY; 2];
+    let mut row_sum = [0.0f32; 2];
+    let mut acc = [[[0.0f32; 4]; 2]; K_STEPS];
+
+    for key_tile in 0..key_tiles {
+        let key_start = key_tile * BLOCK_K;
+
+        // 1. S = q·kᵀ: 8 column groups of 8 keys; each ldmatrix brings two k steps of one group.
+        let mut s = [[0.0f32; 4]; KEY_GROUPS];
+        unroll::<KEY_GROUPS>(|n| {
+            unroll::<K_PAIRS>(|kp| {
+                // Row 8n + lane % 8, chunk 4kp + lane / 8, swizzled (see `k_lane`).
+                let address = k_lane[kp & 1] + (8 * n as u32 * chunks + 4 * (kp as u32 & !1)) * 16;
+                // SAFETY: the k tile has arrived; the warp is converged.
+                let b = unsafe { ldmatrix_x4(address) };
+                // SAFETY: converged warp, fragments as `mma` takes them.
+                unsafe {
+                    mma::<T>(&mut s[n], &q_frag[2 * kp], [b[0], b[1]]);
+                    mma::<T>(&mut s[n], &q_frag[2 * kp + 1], [b[2], b[3]]);
+                }
+            });
+        });
+        // SAFETY: as for the first barrier. Every warp is done reading the k tile.
+        unsafe { nvptx::_syncthreads() };
+        let more = key_tile + 1 < key_tiles;
+        if more {
+            // SAFETY: as for the first copies; the k tile is no longer read.
+            unsafe { load_tile::<D, LOADS>(k_tile, k_head, key_start + BLOCK_K, seq_k, tid) };
+        }
+
+        // 2. Mask and scale. Only tiles that cross the end of the keys or the diagonal mask.
+        let masked = key_start + BLOCK_K > seq_k || (causal && key_start + BLOCK_K - 1 > q_start);
+        unroll::<KEY_GROUPS>(|n| {
+            unroll::<4>(|e| {
+                let key = key_start + 8 * n as u32 + 2 * t + (e as u32 & 1);
+                let row = rows[e / 2];
+                let hidden = masked && (key >= seq_k || (causal && key > row));
+                s[n][e] = if hidden { f32::NEG_INFINITY } else { s[n][e] * scale_log2 };
+            });
+        });
+
+        // 3. Online softmax, per row: the tile's maximum over the four lanes of the row.
+        let mut scale_old = [0.0f32; 2];
+        unroll::<2>(|r| {
+            let mut tile_max = f32::NEG_INFINITY;
+            unroll::<KEY_GROUPS>(|n| tile_max = tile_max.max(s[n][2 * r]).max(s[n][2 * r + 1]));
+            // SAFETY: the whole warp runs this code together.
+            unsafe {
+                tile_max = tile_max.max(xor_shuffle(tile_max, 1));
+                tile_max = tile_max.max(xor_shuffle(tile_max, 2));
+            }
+            let new_max = row_max[r].max(tile_max);
+            // A row with no visible key so far keeps -inf; exponentials against 0 give 0.
+            let base = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
+            scale_old[r] = exp2(row_max[r] - base);
+            row_max[r] = new_max;
+            let mut sum = 0.0f32;
+            unroll::<KEY_GROUPS>(|n| {
+                s[n][2 * r] = exp2(s[n][2 * r] - base);
+                s[n][2 * r + 1] = exp2(s[n][2 * r + 1] - base);
+                sum += s[n][2 * r] + s[n][2 * r + 1];
+            });
+            row_sum[r] = row_sum[r] * scale_old[r] + sum;
+        });
+        unroll::<K_STEPS>(|d| {
+            unroll::<2>(|h| {
+                acc[d][h][0] *= scale_old[0];
+                acc[d][h][1] *= scale_old[0];
+                acc[d][h][2] *= scale_old[1];
+                acc[d][h][3] *= scale_old[1];
+            });
+        });
+
+        // The v tile (copied since the tile began) must have arrived; the next k tile may not.
+        if more {
+            cp_async_wait::<1>();
+        } else {
+            cp_async_wait::<0>();
+        }
+        // SAFETY: as for the first barrier.
+        unsafe { nvptx::_syncthreads() };
+
+        // 4. O += P·v: P's accumulator layout is the A layout, 16 keys (two groups) per k step.
+        unroll::<{ KEY_GROUPS / 2 }>(|ks| {
+            let p = [
+                pack::<T>(s[2 * ks][0], s[2 * ks][1]),
+                pack::<T>(s[2 * ks][2], s[2 * ks][3]),
+                pack::<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                pack::<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]),
+            ];
+            unroll::<K_STEPS>(|d| {
+                // Row 16ks + lane % 8 + 8·(lane / 8 % 2), chunk 2d + lane / 16, swizzled.
+                let address = v_lane[d & 3] + (16 * ks as u32 * chunks + 2 * (d as u32 & !3)) * 16;
+                // SAFETY: the v tile has arrived; the warp is converged.
+                let b = unsafe { ldmatrix_x4_trans(address) };
+                // SAFETY: converged warp, fragments as `mma` takes them.
+                unsafe {
+                    mma::<T>(&mut acc[d][0], &p, [b[0], b[1]]);
+                    mma::<T>(&mut acc[d][1], &p, [b[2], b[3]]);
+                }
+            });
+        });
+        // SAFETY: as for the first barrier. Every warp is done reading the v tile.
+        unsafe { nvptx::_syncthreads() };
+        if more {
+            // SAFETY: as for the first copies; the v tile is no longer read.
+            unsafe { load_tile::<D, LOADS>(v_tile, v_head, key_start + BLOCK_K, seq_k, tid) };
+            // The next k tile, copied during steps 3 and 4, must have arrived.
+            cp_async_wait::<1>();
+            // SAFETY: as for the first barrier.
+            unsafe { nvptx::_syncthreads() };
+        }
+    }
+
+    // The row sums, whole; the output divided by them; the log-sum-exp in natural units.
+    let out_head = out.wrapping_add(head as usize * seq_q as usize * D) as *mut u32;
+    unroll::<2>(|r| {
+        let mut sum = row_sum[r];
+        // SAFETY: the whole warp runs this code together.
+        unsafe {
+            sum += xor_shuffle(sum, 1);
+            sum += xor_shuffle(sum, 2);
+        }
+        let inverse = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+        let row = rows[r];
+        if row < seq_q {
+            unroll::<K_STEPS>(|d| {
+                unroll::<2>(|h| {
+                    let col = 16 * d as u32 + 8 * h as u32 + 2 * t;
+                    let value = pack::<T>(acc[d][h][2 * r] * inverse, acc[d][h][2 * r + 1] * inverse);
+                    // SAFETY: row < seq_q and col + 1 < D: two elements of this head's `out`,
+                    // 4-byte aligned (col is even); no other thread writes them.
+                    unsafe { out_head.wrapping_add((row as usize * D + col as usize) / 2).write(value) };
+                });
+            });
+            if t == 0 {
+                let value = if sum > 0.0 { (row_max[r] + log2(sum)) * LN_2 } else { f32::NEG_INFINITY };
+                // SAFETY: head < heads and row < seq_q.
+                unsafe { lse.add(head as usize * seq_q as usize + row as usize).write(value) };
+            }
+        }
+    });
+}
