@@ -147,3 +147,86 @@ fn fused_empty_shapes() -> opsmith_host::Result<()> {
     }
     Ok(())
 }
+
+/// The fused backward's `(dq, dk, dv)` against the composed backward in f64 on the CPU, on the
+/// same (rounded) inputs and the same `dout`, over poisoned memory: lengths across the 64-row
+/// tiles and the 32-row streamed tiles, `seq_q` above and below `seq_k`, causal or not. The
+/// error of each gradient is measured against its largest magnitude (at least 1, the inputs'
+/// scale), and must stay within a few
+/// units of the dtype's roundoff (the kernels round `P` and `dS` to the dtype for the tensor
+/// cores, as FlashAttention does).
+#[test]
+fn fused_backward_against_f64() -> opsmith_host::Result<()> {
+    let shapes = [(1, 1, 1, 1), (2, 3, 63, 65), (1, 2, 64, 64), (1, 2, 127, 200), (1, 2, 200, 127), (1, 1, 300, 520)];
+    let mut seed = 5000;
+    for dtype in [DType::F16, DType::BF16] {
+        let mut worst = [0.0f64; 3];
+        for d in [64, 128] {
+            for &(b, h, sq, sk) in &shapes {
+                for causal in [false, true] {
+                    seed += 1;
+                    let s = Shape::new(b, h, sq, sk, d);
+                    let mut rng = StdRng::seed_from_u64(seed);
+                    let q = uniform(&mut rng, s.q().iter().product(), dtype);
+                    let k = uniform(&mut rng, s.k().iter().product(), dtype);
+                    let v = uniform(&mut rng, s.v().iter().product(), dtype);
+                    let dout = uniform(&mut rng, s.q().iter().product(), dtype);
+                    let scale = 1.0 / (d as f64).sqrt();
+                    let on = |x: &[f64], dims: [usize; 4], dtype, device| Tensor::from_f64(x, dims, dtype, device);
+
+                    // The reference: f64 on the CPU (the composed path), from the same values.
+                    let cpu = |x: &[f64], dims| on(x, dims, DType::F64, Device::Cpu);
+                    let (q64, k64, v64) = (cpu(&q, s.q())?, cpu(&k, s.k())?, cpu(&v, s.v())?);
+                    let (o64, l64) = ops::attention_with_lse(&q64, &k64, &v64, scale, causal, None)?;
+                    let want = ops::attention_backward(
+                        &q64,
+                        &k64,
+                        &v64,
+                        &o64,
+                        &l64,
+                        &cpu(&dout, s.q())?,
+                        scale,
+                        causal,
+                        None,
+                    )?;
+
+                    let gpu = |x: &[f64], dims| on(x, dims, dtype, GPU);
+                    let (qt, kt, vt) = (gpu(&q, s.q())?, gpu(&k, s.k())?, gpu(&v, s.v())?);
+                    assert!(ops::attention_is_fused(&qt, &kt, &vt, causal, None));
+                    let (out, lse) = ops::attention_with_lse(&qt, &kt, &vt, scale, causal, None)?;
+                    attention_cases::poison_pool(s.k().iter().product(), dtype, GPU)?;
+                    let got =
+                        ops::attention_backward(&qt, &kt, &vt, &out, &lse, &gpu(&dout, s.q())?, scale, causal, None)?;
+
+                    let what = format!("{dtype} d{d} {s:?} causal {causal}");
+                    for (i, (name, g, w)) in [("dq", &got.0, &want.0), ("dk", &got.1, &want.1), ("dv", &got.2, &want.2)]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        assert_eq!(g.dims(), w.dims(), "{what}: {name}");
+                        let (g, w) = (g.to_vec_f64()?, w.to_vec_f64()?);
+                        let scale_of = w.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                        let err = g.iter().zip(&w).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+                        assert!(err.is_finite(), "{what}: {name} has a non-finite value (an unwritten element?)");
+                        // At least the inputs' own scale (1): with one key, dq is 0 in exact
+                        // arithmetic and its rounding error is measured against that scale.
+                        let relative = err / scale_of.max(1.0);
+                        // 8 units of roundoff of the largest magnitude, the sums' rounding included.
+                        let allowed = 8.0 * dtype.unit_roundoff();
+                        assert!(
+                            relative <= allowed,
+                            "{what}: {name}: max |error| {err:e} over max |grad| {scale_of:e} = {relative:e} > {allowed:e}"
+                        );
+                        worst[i] = worst[i].max(relative);
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "fused backward {dtype}: max |error| / max |grad| vs f64: dq {:.2e}, dk {:.2e}, dv {:.2e}",
+            worst[0], worst[1], worst[2]
+        );
+        assert!(worst.iter().all(|&w| w > 0.0), "{dtype}: no rounding error at all is suspicious");
+    }
+    Ok(())
+}

@@ -20,16 +20,113 @@ macro_rules! attention_family {
         $(#[$table_doc:meta])*
         $table:ident, $elem:ty, {
             forward_d64: $f64:ident,
-            forward_d128: $f128:ident $(,)?
+            forward_d128: $f128:ident,
+            backward_dq_d64: $dq64:ident,
+            backward_dq_d128: $dq128:ident,
+            backward_dkdv_d64: $dkdv64:ident,
+            backward_dkdv_d128: $dkdv128:ident $(,)?
         }
     ) => {
         $(#[$table_doc])*
         #[cfg(not(target_arch = "nvptx64"))]
-        pub const $table: AttentionKernels = AttentionKernels { forward_d64: $f64, forward_d128: $f128 };
+        pub const $table: AttentionKernels = AttentionKernels {
+            forward_d64: $f64,
+            forward_d128: $f128,
+            backward_dq_d64: $dq64,
+            backward_dq_d128: $dq128,
+            backward_dkdv_d64: $dkdv64,
+            backward_dkdv_d128: $dkdv128,
+        };
+
+        // The head size; its k steps and pairs; the streamed tile's rows, 8-row groups and
+        // 16-row steps; copies per thread of an owned (64-row) and a streamed tile.
+        attention_family!(@backward $dq64, $dkdv64, $elem, 64, 4, 2, 32, 4, 2, 4, 2);
+        attention_family!(@backward $dq128, $dkdv128, $elem, 128, 8, 4, 32, 4, 2, 8, 4);
 
         // The head size, then its unroll counts: D / 16, D / 32, D / 16 (see `device::flash`).
         attention_family!(@forward $f64, $elem, 64, 4, 2, 4);
         attention_family!(@forward $f128, $elem, 128, 8, 4, 8);
+    };
+
+    (@backward $dq:ident, $dkdv:ident, $elem:ty, $d:literal, $k_steps:literal, $k_pairs:literal,
+        $stream:literal, $groups:literal, $steps:literal, $own_loads:literal, $stream_loads:literal) => {
+        crate::kernel! {
+            #[doc = concat!("The attention backward's `dQ` for head_dim ", stringify!($d), ", and `Δ`.")]
+            ///
+            /// With `P = exp(scale · q·kᵀ − lse)` over the keys each query sees (all, or `j <= i`
+            /// with `causal != 0`), `dP = dout·vᵀ` and `Δ_i = Σ_c dout_ic · out_ic`:
+            /// `dq = scale · (P ⊙ (dP − Δ))·k`. Writes `Δ` to `delta` for the `dkdv` kernel.
+            /// `lse` is the forward's (natural log); `scale_log2 = scale · log2(e)`.
+            ///
+            /// Launch with 128 threads per block and `heads · ceil(seq_q / 64)` blocks; 48 KiB
+            /// (head_dim 128) or 24 KiB (64) of static shared memory.
+            ///
+            /// # Safety
+            /// `q`, `out`, `dout` and `dq` are valid for `heads · seq_q · D` elements, `k` and
+            /// `v` for `heads · seq_k · D`, `lse` and `delta` for `heads · seq_q` f32; every buffer
+            /// is 16-byte aligned; `dq` and `delta` overlap nothing else. 128 threads per block.
+            pub unsafe fn $dq(
+                q: *const [$elem; heads * seq_q * $d],
+                k: *const [$elem; heads * seq_k * $d],
+                v: *const [$elem; heads * seq_k * $d],
+                out: *const [$elem; heads * seq_q * $d],
+                dout: *const [$elem; heads * seq_q * $d],
+                lse: *const [f32; heads * seq_q],
+                delta: *mut [f32; heads * seq_q],
+                dq: *mut [$elem; heads * seq_q * $d],
+                heads: u32,
+                seq_q: u32,
+                seq_k: u32,
+                scale_log2: f32,
+                scale: f32,
+                causal: u32,
+            ) {
+                // SAFETY: the kernel's contract is `backward_dq`'s.
+                unsafe {
+                    crate::device::flash_backward::backward_dq::<
+                        $elem, $d, $k_steps, $k_pairs, $stream, $groups, $steps, $own_loads, $stream_loads,
+                    >(q, k, v, out, dout, lse, delta, dq, heads, seq_q, seq_k, scale_log2, scale, causal != 0)
+                }
+            }
+        }
+
+        crate::kernel! {
+            #[doc = concat!("The attention backward's `dK` and `dV` for head_dim ", stringify!($d), ".")]
+            ///
+            /// `dv = Pᵀ·dout` and `dk = scale · (P ⊙ (dP − Δ))ᵀ·q`, with `P`, `dP` and `Δ` as for
+            /// the `dq` kernel, whose `delta` this one reads (launch it after).
+            ///
+            /// Launch with 128 threads per block and `heads · ceil(seq_k / 64)` blocks; shared
+            /// memory as the `dq` kernel.
+            ///
+            /// # Safety
+            /// `q` and `dout` are valid for `heads · seq_q · D` elements, `k`, `v`, `dk` and `dv`
+            /// for `heads · seq_k · D`, `lse` and `delta` for `heads · seq_q` f32; every buffer is
+            /// 16-byte aligned; `dk` and `dv` overlap nothing else. 128 threads per block.
+            pub unsafe fn $dkdv(
+                q: *const [$elem; heads * seq_q * $d],
+                k: *const [$elem; heads * seq_k * $d],
+                v: *const [$elem; heads * seq_k * $d],
+                dout: *const [$elem; heads * seq_q * $d],
+                lse: *const [f32; heads * seq_q],
+                delta: *const [f32; heads * seq_q],
+                dk: *mut [$elem; heads * seq_k * $d],
+                dv: *mut [$elem; heads * seq_k * $d],
+                heads: u32,
+                seq_q: u32,
+                seq_k: u32,
+                scale_log2: f32,
+                scale: f32,
+                causal: u32,
+            ) {
+                // SAFETY: the kernel's contract is `backward_dkdv`'s.
+                unsafe {
+                    crate::device::flash_backward::backward_dkdv::<
+                        $elem, $d, $k_steps, $k_pairs, $stream, $groups, $steps, $own_loads, $stream_loads,
+                    >(q, k, v, dout, lse, delta, dk, dv, heads, seq_q, seq_k, scale_log2, scale, causal != 0)
+                }
+            }
+        }
     };
 
     (@forward $name:ident, $elem:ty, $d:literal, $k_steps:literal, $k_pairs:literal, $loads:literal) => {
@@ -75,9 +172,23 @@ macro_rules! attention_family {
 
 attention_family! {
     /// The f16 attention kernels.
-    F16, crate::dtype::F16, { forward_d64: attention_forward_d64_f16, forward_d128: attention_forward_d128_f16 }
+    F16, crate::dtype::F16, {
+        forward_d64: attention_forward_d64_f16,
+        forward_d128: attention_forward_d128_f16,
+        backward_dq_d64: attention_backward_dq_d64_f16,
+        backward_dq_d128: attention_backward_dq_d128_f16,
+        backward_dkdv_d64: attention_backward_dkdv_d64_f16,
+        backward_dkdv_d128: attention_backward_dkdv_d128_f16,
+    }
 }
 attention_family! {
     /// The bf16 attention kernels.
-    BF16, crate::dtype::Bf16, { forward_d64: attention_forward_d64_bf16, forward_d128: attention_forward_d128_bf16 }
+    BF16, crate::dtype::Bf16, {
+        forward_d64: attention_forward_d64_bf16,
+        forward_d128: attention_forward_d128_bf16,
+        backward_dq_d64: attention_backward_dq_d64_bf16,
+        backward_dq_d128: attention_backward_dq_d128_bf16,
+        backward_dkdv_d64: attention_backward_dkdv_d64_bf16,
+        backward_dkdv_d128: attention_backward_dkdv_d128_bf16,
+    }
 }

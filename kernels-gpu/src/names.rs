@@ -453,12 +453,27 @@ pub struct AttentionKernels {
     pub forward_d64: KernelDecl<(In, In, In, Out, Out, u32, u32, u32, f32, u32)>,
     /// The forward for head_dim 128.
     pub forward_d128: KernelDecl<(In, In, In, Out, Out, u32, u32, u32, f32, u32)>,
+    /// The backward's `dQ` (and `Δ = rowsum(dO ⊙ O)`) for head_dim 64.
+    pub backward_dq_d64: KernelDecl<(In, In, In, In, In, In, Out, Out, u32, u32, u32, f32, f32, u32)>,
+    /// The backward's `dQ` for head_dim 128.
+    pub backward_dq_d128: KernelDecl<(In, In, In, In, In, In, Out, Out, u32, u32, u32, f32, f32, u32)>,
+    /// The backward's `dK` and `dV` for head_dim 64.
+    pub backward_dkdv_d64: KernelDecl<(In, In, In, In, In, In, Out, Out, u32, u32, u32, f32, f32, u32)>,
+    /// The backward's `dK` and `dV` for head_dim 128.
+    pub backward_dkdv_d128: KernelDecl<(In, In, In, In, In, In, Out, Out, u32, u32, u32, f32, f32, u32)>,
 }
 
 impl AttentionKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 2] {
-        [self.forward_d64.name(), self.forward_d128.name()]
+    pub const fn all(&self) -> [&'static str; 6] {
+        [
+            self.forward_d64.name(),
+            self.forward_d128.name(),
+            self.backward_dq_d64.name(),
+            self.backward_dq_d128.name(),
+            self.backward_dkdv_d64.name(),
+            self.backward_dkdv_d128.name(),
+        ]
     }
 }
 
@@ -605,8 +620,9 @@ pub const ALL_MATMUL: [MatmulKernels; 3] = [matmul::F32, matmul::F16, matmul::BF
 /// // Three dtypes of elementwise (with along-a-dim and random), reduction, activation,
 /// // softmax, loss and small-product kernels; f32 optimizers. Softmax, each way: 3 one-warp
 /// // sizes, 1 block-per-row and 1 long kernel. index_select and gather for six dtypes. The
-/// // fused attention forward for f16 and bf16 at two head sizes. And the benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 3) + 6 * 2 + 6 + 2 * 2 + 1);
+/// // fused attention (a forward and two backward kernels) for f16 and bf16 at two head sizes.
+/// // And the benchmarks' `spin_ns`.
+/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 3) + 6 * 2 + 6 + 2 * 2 * 3 + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]

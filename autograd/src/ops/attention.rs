@@ -11,7 +11,11 @@ use opsmith_host::{Tensor, ops as host};
 /// [`opsmith_host::ops::attention`] (which documents the shapes, the top-left `causal` mask, the
 /// additive `mask` and the errors). `q`, `k` and `v` get gradients; `mask` is a constant.
 ///
-/// Backward, with `P = softmax(scale · q·kᵀ + mask)` and the output's gradient `dO`:
+/// Where the host's fused kernels serve the call
+/// ([`attention_is_fused`](opsmith_host::ops::attention_is_fused)), the node saves the output and
+/// its log-sum-exp too, and its backward is
+/// [`attention_backward`](opsmith_host::ops::attention_backward)'s fused kernels. Otherwise the
+/// backward is composed, with `P = softmax(scale · q·kᵀ + mask)` and the output's gradient `dO`:
 /// `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = scale · P ⊙ (dP − rowsum(dP ⊙ P))` (the host's
 /// [`softmax_backward`](opsmith_host::ops::softmax_backward) with the scale), `dQ = dS·K` and
 /// `dK = dSᵀ·Q`, each product one batched GEMM reading its transposed operand in place. The
@@ -40,7 +44,15 @@ use opsmith_host::{Tensor, ops as host};
 /// # Ok(()) }
 /// ```
 pub fn attention(q: &Var, k: &Var, v: &Var, scale: f64, causal: bool, mask: Option<&Tensor>) -> Result<Var> {
-    let out = host::attention(q.value(), k.value(), v.value(), scale, causal, mask)?;
+    // Where the fused kernels serve the call, the forward keeps its log-sum-exp and the backward
+    // is the fused one, which reads `out` and `lse` instead of recomputing `P` through memory.
+    let fused = host::attention_is_fused(q.value(), k.value(), v.value(), causal, mask);
+    let (out, lse) = if fused {
+        let (out, lse) = host::attention_with_lse(q.value(), k.value(), v.value(), scale, causal, mask)?;
+        (out, Some(lse))
+    } else {
+        (host::attention(q.value(), k.value(), v.value(), scale, causal, mask)?, None)
+    };
     // The tracer exports the caller's mask as a constant; the causal one it builds from the sizes.
     let mask_var = mask.map(|m| Var::constant(m.clone()));
     let traced: Vec<&Var> = [q, k, v].into_iter().chain(mask_var.as_ref()).collect();
@@ -49,10 +61,19 @@ pub fn attention(q: &Var, k: &Var, v: &Var, scale: f64, causal: bool, mask: Opti
     record_or_constant!("attention", op, &[q, k, v], traced_as & traced, out, |tape| {
         let needs = [q.requires_grad(), k.requires_grad(), v.requires_grad()];
         let (qt, kt, vt, mt) = (q.value().clone(), k.value().clone(), v.value().clone(), mask.cloned());
-        let saved: Vec<&Tensor> = [&qt, &kt, &vt].into_iter().chain(mt.as_ref()).collect();
+        let fused_saved = lse.map(|lse| (out.clone(), lse));
+        let saved: Vec<&Tensor> = [&qt, &kt, &vt]
+            .into_iter()
+            .chain(mt.as_ref())
+            .chain(fused_saved.iter().flat_map(|(o, l)| [o, l]))
+            .collect();
         let saved: Vec<Tensor> = saved.into_iter().cloned().collect();
-        tape.record("attention", &[q, k, v], out, &saved.iter().collect::<Vec<_>>(), move |g| {
-            backward(g, [&qt, &kt, &vt], scale, causal, mt.as_ref(), needs)
+        tape.record("attention", &[q, k, v], out, &saved.iter().collect::<Vec<_>>(), move |g| match &fused_saved {
+            Some((out, lse)) => {
+                let (dq, dk, dv) = host::attention_backward(&qt, &kt, &vt, out, lse, g, scale, causal, mt.as_ref())?;
+                Ok([dq, dk, dv].into_iter().zip(needs).map(|(grad, need)| need.then_some(grad)).collect())
+            }
+            None => backward(g, [&qt, &kt, &vt], scale, causal, mt.as_ref(), needs),
         })
     })
 }

@@ -40,31 +40,38 @@ struct Dims {
 impl Dims {
     /// Checks every operand before any work, so a failed call changes nothing. `v` is absent
     /// for [`attention_weights`].
-    fn check(q: &Tensor, k: &Tensor, v: Option<&Tensor>, scale: f64, mask: Option<&Tensor>) -> Result<Dims> {
+    fn check(
+        op: &'static str,
+        q: &Tensor,
+        k: &Tensor,
+        v: Option<&Tensor>,
+        scale: f64,
+        mask: Option<&Tensor>,
+    ) -> Result<Dims> {
         let operands: Vec<&Tensor> = [q, k].into_iter().chain(v).chain(mask).collect();
-        check::same_device(OP, &operands)?;
-        check::same_dtype(OP, &operands)?;
-        check::float(OP, q)?;
+        check::same_device(op, &operands)?;
+        check::same_dtype(op, &operands)?;
+        check::float(op, q)?;
         if q.dtype() == DType::F64 && q.device().is_cuda() {
             // The composed path's products and softmax have no f64 kernels.
-            return Err(Error::UnsupportedDType { op: OP, dtype: DType::F64, device: q.device() });
+            return Err(Error::UnsupportedDType { op, dtype: DType::F64, device: q.device() });
         }
         let rank4 = |name: &str, t: &Tensor| -> Result<[usize; 4]> {
             <[usize; 4]>::try_from(t.dims()).map_err(|_| Error::InvalidArgument {
-                op: OP,
+                op,
                 reason: format!("{name} must have rank 4, [batch, heads, seq, head_dim]; got shape {:?}", t.dims()),
             })
         };
         let [batch, heads, seq_q, head_dim] = rank4("q", q)?;
         let [kb, kh, seq_k, kd] = rank4("k", k)?;
         if (kb, kh, kd) != (batch, heads, head_dim) {
-            return Err(Error::ShapeMismatch { op: OP, lhs: q.dims().to_vec(), rhs: k.dims().to_vec() });
+            return Err(Error::ShapeMismatch { op, lhs: q.dims().to_vec(), rhs: k.dims().to_vec() });
         }
         let head_dim_v = match v {
             Some(v) => {
                 let [vb, vh, vs, vd] = rank4("v", v)?;
                 if (vb, vh, vs) != (batch, heads, seq_k) {
-                    return Err(Error::ShapeMismatch { op: OP, lhs: k.dims().to_vec(), rhs: v.dims().to_vec() });
+                    return Err(Error::ShapeMismatch { op, lhs: k.dims().to_vec(), rhs: v.dims().to_vec() });
                 }
                 vd
             }
@@ -72,7 +79,7 @@ impl Dims {
         };
         if seq_k == 0 {
             return Err(Error::InvalidArgument {
-                op: OP,
+                op,
                 reason: format!(
                     "k of shape {:?} has no keys (seq_k = 0): a softmax over no keys is undefined",
                     k.dims()
@@ -80,14 +87,14 @@ impl Dims {
             });
         }
         if !scale.is_finite() {
-            return Err(Error::InvalidArgument { op: OP, reason: format!("scale must be finite, got {scale}") });
+            return Err(Error::InvalidArgument { op, reason: format!("scale must be finite, got {scale}") });
         }
         let scores = [batch, heads, seq_q, seq_k];
         if let Some(m) = mask {
             // As softmax takes it: the scores' trailing dims, repeated over the leading ones.
             let md = m.dims();
             if md.is_empty() || md.len() > 4 || scores[4 - md.len()..] != *md {
-                return Err(Error::ShapeMismatch { op: OP, lhs: scores.to_vec(), rhs: md.to_vec() });
+                return Err(Error::ShapeMismatch { op, lhs: scores.to_vec(), rhs: md.to_vec() });
             }
         }
         Ok(Dims { batch, heads, seq_q, seq_k, head_dim, head_dim_v })
@@ -157,7 +164,7 @@ pub fn attention(
     causal: bool,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let dims = Dims::check(q, k, Some(v), scale, mask)?;
+    let dims = Dims::check(OP, q, k, Some(v), scale, mask)?;
     if let Some((out, _lse)) = fused(&dims, q, k, v, scale, causal, mask)? {
         return Ok(out);
     }
@@ -202,7 +209,7 @@ pub fn attention_with_lse(
     causal: bool,
     mask: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
-    let dims = Dims::check(q, k, Some(v), scale, mask)?;
+    let dims = Dims::check(OP, q, k, Some(v), scale, mask)?;
     if let Some(fused) = fused(&dims, q, k, v, scale, causal, mask)? {
         return Ok(fused);
     }
@@ -227,7 +234,7 @@ pub fn attention_with_lse(
 /// # Ok(()) }
 /// ```
 pub fn attention_weights(q: &Tensor, k: &Tensor, scale: f64, causal: bool, mask: Option<&Tensor>) -> Result<Tensor> {
-    let dims = Dims::check(q, k, None, scale, mask)?;
+    let dims = Dims::check(OP, q, k, None, scale, mask)?;
     Ok(composed(&dims, q, k, scale, causal, mask)?.p)
 }
 
@@ -239,6 +246,169 @@ struct Composed {
     mask: Option<Tensor>,
     /// `softmax(scale · scores + mask)`, the scores' shape.
     p: Tensor,
+}
+
+/// The gradients of [`attention`] with respect to `q`, `k` and `v`, given the output's
+/// gradient `dout`: returns `(dq, dk, dv)` in the shapes and dtype of `q`, `k` and `v`.
+///
+/// `out` and `lse` are what [`attention_with_lse`] returned for the same arguments. With
+/// `P = softmax(scale · q·kᵀ + mask)`: `dv = Pᵀ·dout`, `dP = dout·vᵀ`,
+/// `dS = scale · P ⊙ (dP − rowsum(dout ⊙ out))`, `dq = dS·k`, `dk = dSᵀ·q` (FlashAttention-2's
+/// equations).
+///
+/// Where the fused forward serves the call (see [`attention_is_fused`]), two fused kernels
+/// compute them from `out` and `lse` without a `[seq_q, seq_k]` matrix in memory: one for `dq`
+/// (a block per 64 queries) and one for `dk` and `dv` (a block per 64 keys); no atomics, so the
+/// result is the same on every run. Elsewhere the composed path recomputes `P`
+/// ([`attention_weights`]) and uses batched products and [`softmax_backward`](super::softmax_backward);
+/// it does not read `out` and `lse`, but checks them all the same.
+///
+/// Errors: those of [`attention`], and [`Error::ShapeMismatch`] when `out` or `dout` is not
+/// `[batch, heads, seq_q, head_dim_v]` or `lse` not `[batch, heads, seq_q]`,
+/// [`Error::DTypeMismatch`] / [`Error::DeviceMismatch`] when they differ from `q`'s (`lse` is f32,
+/// f64 for f64 inputs). Every error names `"attention_backward"`.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{Device, Tensor, ops};
+/// let q = Tensor::from_vec(vec![0.0f32, 0.0], [1, 1, 2, 1], Device::Cpu)?;
+/// let k = Tensor::from_vec(vec![1.0f32, -1.0], [1, 1, 2, 1], Device::Cpu)?;
+/// let v = Tensor::from_vec(vec![2.0f32, 4.0], [1, 1, 2, 1], Device::Cpu)?;
+/// let (out, lse) = ops::attention_with_lse(&q, &k, &v, 1.0, false, None)?;
+/// let dout = Tensor::ones([1, 1, 2, 1], opsmith_host::DType::F32, Device::Cpu)?;
+/// let (dq, dk, dv) = ops::attention_backward(&q, &k, &v, &out, &lse, &dout, 1.0, false, None)?;
+/// // q = 0: equal weights, so each value gets half of each query's gradient.
+/// assert_eq!(dv.to_vec::<f32>()?, [1.0, 1.0]);
+/// // Σ_j p_j (v_j − out) k_j = 0.5·(−1)·1 + 0.5·1·(−1) = −1 per query.
+/// assert_eq!(dq.to_vec::<f32>()?, [-1.0, -1.0]);
+/// assert_eq!(dk.dims(), k.dims());
+/// # Ok(()) }
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    dout: &Tensor,
+    scale: f64,
+    causal: bool,
+    mask: Option<&Tensor>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    const BACKWARD: &str = "attention_backward";
+    let dims = Dims::check(BACKWARD, q, k, Some(v), scale, mask)?;
+    check::same_device(BACKWARD, &[q, out, lse, dout])?;
+    check::same_dtype(BACKWARD, &[q, out, dout])?;
+    let lse_dtype = if q.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+    if lse.dtype() != lse_dtype {
+        return Err(Error::DTypeMismatch { op: BACKWARD, lhs: lse_dtype, rhs: lse.dtype() });
+    }
+    let out_dims = [dims.batch, dims.heads, dims.seq_q, dims.head_dim_v];
+    for t in [out, dout] {
+        if t.dims() != out_dims {
+            return Err(Error::ShapeMismatch { op: BACKWARD, lhs: out_dims.to_vec(), rhs: t.dims().to_vec() });
+        }
+    }
+    if lse.dims() != [dims.batch, dims.heads, dims.seq_q] {
+        let want = vec![dims.batch, dims.heads, dims.seq_q];
+        return Err(Error::ShapeMismatch { op: BACKWARD, lhs: want, rhs: lse.dims().to_vec() });
+    }
+    if let Some(grads) = fused_backward(&dims, [q, k, v, out, lse, dout], scale, causal, mask)? {
+        return Ok(grads);
+    }
+    composed_backward(&dims, [q, k, v], dout, scale, causal, mask)
+}
+
+/// The composed backward (see [`attention_backward`]).
+fn composed_backward(
+    dims: &Dims,
+    [q, k, v]: [&Tensor; 3],
+    dout: &Tensor,
+    scale: f64,
+    causal: bool,
+    mask: Option<&Tensor>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let p = attention_weights(q, k, scale, causal, mask)?.reshape(dims.flat(dims.seq_q, dims.seq_k))?;
+    let g = dout.reshape(dims.flat(dims.seq_q, dims.head_dim_v))?;
+    let dv = super::matmul_t(&p, true, &g, false)?.reshape(v.dims().to_vec())?;
+    let dp = super::matmul_t(&g, false, &v.reshape(dims.flat(dims.seq_k, dims.head_dim_v))?, true)?;
+    // With respect to the unscaled scores q·kᵀ: the scale is softmax_backward's.
+    let ds = super::softmax_backward(&dp, &p, scale)?;
+    let dq = super::matmul(&ds, &k.reshape(dims.flat(dims.seq_k, dims.head_dim))?)?.reshape(q.dims().to_vec())?;
+    let dk = super::matmul_t(&ds, true, &q.reshape(dims.flat(dims.seq_q, dims.head_dim))?, false)?;
+    Ok((dq, dk.reshape(k.dims().to_vec())?, dv))
+}
+
+/// `(dq, dk, dv)` from the two fused backward kernels when the fused forward serves the call;
+/// `None` sends it to the composed path.
+#[cfg(feature = "cuda")]
+fn fused_backward(
+    dims: &Dims,
+    [q, k, v, out, lse, dout]: [&Tensor; 6],
+    scale: f64,
+    causal: bool,
+    mask: Option<&Tensor>,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    use crate::cuda::{Grid, LaunchConfig};
+    use opsmith_kernels::names::attention::{BF16, F16};
+    if fused_kernel(dims, q, k, v, mask).is_none()
+        || ![out, dout].iter().all(|t| (t.offset * t.dtype().size_in_bytes()) % 16 == 0)
+    {
+        return Ok(None);
+    }
+    let (scale_log2, scale32) = ((scale * std::f64::consts::LOG2_E) as f32, scale as f32);
+    if !scale_log2.is_finite() {
+        return Ok(None);
+    }
+    let table = if q.dtype() == DType::F16 { F16 } else { BF16 };
+    let (dq_kernel, dkdv_kernel) = match dims.head_dim {
+        64 => (table.backward_dq_d64, table.backward_dkdv_d64),
+        _ => (table.backward_dq_d128, table.backward_dkdv_d128),
+    };
+    let dq = Tensor::empty(q.dims().to_vec(), q.dtype(), q.device())?;
+    let dk = Tensor::empty(k.dims().to_vec(), k.dtype(), k.device())?;
+    let dv = Tensor::empty(v.dims().to_vec(), v.dtype(), v.device())?;
+    let heads = dims.batch * dims.heads;
+    if heads == 0 {
+        return Ok(Some((dq, dk, dv)));
+    }
+    if dims.seq_q == 0 {
+        // No query: no gradient reaches k or v.
+        dk.fill_(0.0)?;
+        dv.fill_(0.0)?;
+        return Ok(Some((dq, dk, dv)));
+    }
+    let delta = Tensor::empty([heads * dims.seq_q], DType::F32, q.device())?;
+    let lse = lse.reshape([heads * dims.seq_q])?;
+    // Checked by `fused_kernel`: every size fits u32 and the grids an i32.
+    let sizes = (heads as u32, dims.seq_q as u32, dims.seq_k as u32);
+    let config = |rows: usize| {
+        Grid::Config(LaunchConfig { grid: (heads * rows.div_ceil(64)) as u32, block: 128, shared_mem_bytes: 0 })
+    };
+    let c = causal as u32;
+    crate::cuda::launch(
+        dq_kernel,
+        config(dims.seq_q),
+        (q, k, v, out, dout, &lse, &delta, &dq, sizes.0, sizes.1, sizes.2, scale_log2, scale32, c),
+    )?;
+    crate::cuda::launch(
+        dkdv_kernel,
+        config(dims.seq_k),
+        (q, k, v, dout, &lse, &delta, &dk, &dv, sizes.0, sizes.1, sizes.2, scale_log2, scale32, c),
+    )?;
+    Ok(Some((dq, dk, dv)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn fused_backward(
+    _: &Dims,
+    _: [&Tensor; 6],
+    _: f64,
+    _: bool,
+    _: Option<&Tensor>,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    Ok(None)
 }
 
 /// The environment variable that turns the fused kernel off: `OPSMITH_FUSED_ATTENTION=0` sends
@@ -261,7 +431,7 @@ pub const FUSED_ATTENTION_ENV: &str = "OPSMITH_FUSED_ATTENTION";
 /// ```
 pub fn attention_is_fused(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, mask: Option<&Tensor>) -> bool {
     let _ = causal; // both ways are fused
-    match Dims::check(q, k, Some(v), 1.0, mask) {
+    match Dims::check(OP, q, k, Some(v), 1.0, mask) {
         Ok(dims) => fused_kernel(&dims, q, k, v, mask).is_some(),
         Err(_) => false,
     }

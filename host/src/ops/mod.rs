@@ -48,7 +48,9 @@ pub use activation::{
     gelu, gelu_backward, gelu_backward_into, gelu_into, relu, relu_backward, relu_backward_into, relu_into, silu,
     silu_backward, silu_backward_into, silu_into,
 };
-pub use attention::{FUSED_ATTENTION_ENV, attention, attention_is_fused, attention_weights, attention_with_lse};
+pub use attention::{
+    FUSED_ATTENTION_ENV, attention, attention_backward, attention_is_fused, attention_weights, attention_with_lse,
+};
 pub use index::{
     argmax, broadcast_shape, gather, gather_backward, index_select, index_select_backward, max_dim, sum_dim,
     sum_to_shape,

@@ -655,6 +655,35 @@ pub fn devices_agree(a: Device, b: Device) -> Result<()> {
     Ok(())
 }
 
+/// `attention_backward`'s own errors, before any work, each naming the op: `out`, `dout` or
+/// `lse` of the wrong shape, dtype or device.
+pub fn backward_errors(device: Device) -> Result<()> {
+    let s = Shape::new(1, 2, 3, 5, 64);
+    let t = |dims: &[usize], dtype| Tensor::zeros(dims.to_vec(), dtype, device);
+    let dtype = DType::F32;
+    let (q, k, v) = (t(&s.q(), dtype)?, t(&s.k(), dtype)?, t(&s.v(), dtype)?);
+    let (out, lse) = ops::attention_with_lse(&q, &k, &v, 0.125, false, None)?;
+    let op = "attention_backward";
+    let call = |out: &Tensor, lse: &Tensor, dout: &Tensor| {
+        ops::attention_backward(&q, &k, &v, out, lse, dout, 0.125, false, None)
+    };
+    let wrong_shape = t(&[1, 2, 3, 63], dtype)?;
+    let shape_errors =
+        [call(&wrong_shape, &lse, &out), call(&out, &lse, &wrong_shape), call(&out, &t(&[1, 2, 4], DType::F32)?, &out)];
+    for e in shape_errors {
+        assert!(matches!(e, Err(Error::ShapeMismatch { op: o, .. }) if o == op), "{e:?}");
+    }
+    let dout16 = t(&s.q(), DType::F16)?;
+    assert!(matches!(call(&out, &lse, &dout16), Err(Error::DTypeMismatch { op: o, .. }) if o == op));
+    let lse64 = t(&[1, 2, 3], DType::F64)?;
+    assert!(matches!(call(&out, &lse64, &out), Err(Error::DTypeMismatch { op: o, .. }) if o == op));
+    // The operands' own errors, named for the backward too.
+    let bad_k = t(&[1, 2, 5, 32], dtype)?;
+    let e = ops::attention_backward(&q, &bad_k, &v, &out, &lse, &out, 0.125, false, None);
+    assert!(matches!(e, Err(Error::ShapeMismatch { op: o, .. }) if o == op), "{e:?}");
+    Ok(())
+}
+
 /// Lists every shared case, for the suites to run.
 #[macro_export]
 macro_rules! attention_cases {
@@ -682,6 +711,10 @@ macro_rules! attention_cases {
         #[test]
         fn attention_errors() -> opsmith_host::Result<()> {
             attention_cases::errors($device)
+        }
+        #[test]
+        fn attention_backward_errors() -> opsmith_host::Result<()> {
+            attention_cases::backward_errors($device)
         }
     };
 }

@@ -42,19 +42,25 @@ const KEY_GROUPS: usize = BLOCK_K as usize / 8;
 /// The byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of `chunks` chunks
 /// per row.
 #[inline(always)]
-fn swizzled(row: u32, chunk: u32, chunks: u32) -> u32 {
+pub(super) fn swizzled(row: u32, chunk: u32, chunks: u32) -> u32 {
     (row * chunks + (chunk ^ (row & 7))) * 16
 }
 
-/// Starts the copy of rows `first..first + 64` of a `[rows, D]` matrix into a swizzled tile
-/// (`LOADS = 64·D / 8 / THREADS` chunks per thread); rows past `rows` are zero-filled.
+/// Starts the copy of rows `first..first + R` of a `[rows, D]` matrix into a swizzled tile of
+/// `R = LOADS · THREADS · 8 / D` rows (`LOADS` 16-byte chunks per thread), as one commit group;
+/// rows past `rows` are zero-filled.
 ///
 /// # Safety
-/// `matrix` is valid for `rows·D` 16-byte aligned elements; the tile holds `64·D` elements and
+/// `matrix` is valid for `rows·D` 16-byte aligned elements; the tile holds `R·D` elements and
 /// nothing reads it until a wait and a barrier.
 #[inline(always)]
-unsafe fn load_tile<const D: usize, const LOADS: usize>(tile: u32, matrix: *const u16, first: u32, rows: u32, tid: u32)
-where
+pub(super) unsafe fn load_tile<const D: usize, const LOADS: usize>(
+    tile: u32,
+    matrix: *const u16,
+    first: u32,
+    rows: u32,
+    tid: u32,
+) where
     Count<LOADS>: Unrolled,
 {
     let chunks = D as u32 / 8;

@@ -16,12 +16,15 @@
 //!   registers.
 //! * [`tensor_core`]: `mma.sync`, `ldmatrix` and `cp.async` (sm_80), for the attention family.
 //! * [`flash`]: the fused attention forward's tile walk (online softmax on tensor cores).
+//! * [`flash_backward`]: the fused attention backward's two kernels (`dQ`; `dK` and `dV`).
 //! * [`logsumexp`]: a row's maximum and sum of exponentials, for softmax and cross-entropy.
 pub mod block;
 pub mod element;
 pub mod elementwise;
 #[cfg(feature = "attention")]
 pub mod flash;
+#[cfg(feature = "attention")]
+pub mod flash_backward;
 pub mod index;
 pub mod logsumexp;
 pub mod math;
