@@ -46,6 +46,22 @@ pub(super) fn swizzled(row: u32, chunk: u32, chunks: u32) -> u32 {
     (row * chunks + (chunk ^ (row & 7))) * 16
 }
 
+/// The head and the first row of the 64-row tile this block owns, in a grid of
+/// `heads · ceil(rows / 64)` blocks (tiles of a head side by side); `None` for a block past the
+/// last head, or no rows. With `last_first`, each head's tiles go in reverse order, so that the
+/// causal tiles that see the most keys start first.
+#[inline(always)]
+pub(super) fn owned_tile(rows: u32, heads: u32, last_first: bool) -> Option<(u32, u32)> {
+    let tiles = rows.div_ceil(BLOCK_Q);
+    // SAFETY: reading a special register has no preconditions.
+    let block = unsafe { nvptx::_block_idx_x() } as u32;
+    if tiles == 0 || block / tiles >= heads {
+        return None;
+    }
+    let tile = if last_first { tiles - 1 - block % tiles } else { block % tiles };
+    Some((block / tiles, tile * BLOCK_Q))
+}
+
 /// Starts the copy of rows `first..first + R` of a `[rows, D]` matrix into a swizzled tile of
 /// `R = LOADS · THREADS · 8 / D` rows (`LOADS` 16-byte chunks per thread), as one commit group;
 /// rows past `rows` are zero-filled.
@@ -104,19 +120,12 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
     Count<K_PAIRS>: Unrolled,
     Count<LOADS>: Unrolled,
 {
-    let q_tiles = seq_q.div_ceil(BLOCK_Q);
-    if q_tiles == 0 || seq_k == 0 {
+    let Some((head, q_start)) = owned_tile(seq_q, heads, causal) else { return };
+    if seq_k == 0 {
         return;
     }
-    // SAFETY: reading special registers has no preconditions.
-    let (block, tid) = unsafe { (nvptx::_block_idx_x() as u32, nvptx::_thread_idx_x() as u32) };
-    let head = block / q_tiles;
-    if head >= heads {
-        return;
-    }
-    // Causal rows near the end see the most keys: their blocks start first.
-    let tile = if causal { q_tiles - 1 - block % q_tiles } else { block % q_tiles };
-    let q_start = tile * BLOCK_Q;
+    // SAFETY: reading a special register has no preconditions.
+    let tid = unsafe { nvptx::_thread_idx_x() } as u32;
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
     let chunks = D as u32 / 8;

@@ -21,7 +21,7 @@
 //! and streams the other operands in tiles of `STREAM = 32` rows, which keeps the four tiles in
 //! the 48 KiB of static shared memory at head_dim 128 and every accumulator in registers.
 use super::element::Element;
-use super::flash::load_tile;
+use super::flash::{load_tile, owned_tile};
 use super::math::{LOG2_E, exp2};
 use super::tensor_core::{MmaElement, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans, mma, pack, shared_tile};
 use super::unroll::{Count, Unrolled, unroll};
@@ -258,18 +258,12 @@ pub unsafe fn backward_dq<
     Count<OWN_LOADS>: Unrolled,
     Count<STREAM_LOADS>: Unrolled,
 {
-    let q_tiles = seq_q.div_ceil(OWNED);
-    if q_tiles == 0 || seq_k == 0 {
+    let Some((head, q_start)) = owned_tile(seq_q, heads, causal) else { return };
+    if seq_k == 0 {
         return;
     }
-    // SAFETY: reading special registers has no preconditions.
-    let (block, tid) = unsafe { (nvptx::_block_idx_x() as u32, nvptx::_thread_idx_x() as u32) };
-    let head = block / q_tiles;
-    if head >= heads {
-        return;
-    }
-    let tile = if causal { q_tiles - 1 - block % q_tiles } else { block % q_tiles };
-    let q_start = tile * OWNED;
+    // SAFETY: reading a special register has no preconditions.
+    let tid = unsafe { nvptx::_thread_idx_x() } as u32;
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
     let chunks = D as u32 / 8;
@@ -422,18 +416,10 @@ pub unsafe fn backward_dkdv<
     Count<OWN_LOADS>: Unrolled,
     Count<STREAM_LOADS>: Unrolled,
 {
-    let k_tiles = seq_k.div_ceil(OWNED);
-    if k_tiles == 0 {
-        return;
-    }
-    // SAFETY: reading special registers has no preconditions.
-    let (block, tid) = unsafe { (nvptx::_block_idx_x() as u32, nvptx::_thread_idx_x() as u32) };
-    let head = block / k_tiles;
-    if head >= heads {
-        return;
-    }
-    // Causal: the first key tiles see the most queries; their blocks start first.
-    let key_start = (block % k_tiles) * OWNED;
+    // Causal: the first key tiles see the most queries, and their blocks start first.
+    let Some((head, key_start)) = owned_tile(seq_k, heads, false) else { return };
+    // SAFETY: reading a special register has no preconditions.
+    let tid = unsafe { nvptx::_thread_idx_x() } as u32;
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
     let chunks = D as u32 / 8;
