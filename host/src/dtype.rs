@@ -245,8 +245,14 @@ macro_rules! element {
 
 element!(f32, F32, f32, |x| x, |x| x, |x: f32| x as f64, |x: f64| x as f32);
 element!(f64, F64, f64, |x| x, |x| x, |x| x, |x| x);
-element!(f16, F16, f32, f16::to_f32, f16::from_f32, f16::to_f64, f16::from_f64);
-element!(bf16, BF16, f32, bf16::to_f32, bf16::from_f32, bf16::to_f64, bf16::from_f64);
+// Not half's `from_f64`: half 2 rounds some values next to a half-way point the wrong way (see
+// `opsmith_kernels::convert::f64_to_bf16_bits`); one correct rounding through f32 rounded to odd.
+element!(f16, F16, f32, f16::to_f32, f16::from_f32, f16::to_f64, |x: f64| f16::from_f32(
+    opsmith_kernels::convert::f64_to_f32_odd(x)
+));
+element!(bf16, BF16, f32, bf16::to_f32, bf16::from_f32, bf16::to_f64, |x: f64| bf16::from_bits(
+    opsmith_kernels::convert::f64_to_bf16_bits(x)
+));
 // Integers widen to f64 (exactly for u32, and for i64 up to 2^53 in magnitude); from f64 they
 // round to nearest, ties away from zero, and saturate (NaN becomes 0), as `as` casts do.
 element!(u32, U32, f64, |x| x as f64, |x: f64| x.round() as u32, |x| x as f64, |x: f64| x.round() as u32);

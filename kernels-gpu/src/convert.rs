@@ -48,10 +48,123 @@ pub const fn f32_to_bf16_bits(x: f32) -> u16 {
     (bits.wrapping_add(round) >> 16) as u16
 }
 
+/// `x` rounded to f32 *to odd*: toward zero, with the lowest bit set when inexact. Rounded again
+/// to a format of at least two bits fewer (f16, bf16), ties to even, it gives the same result
+/// as one rounding of `x`, where rounding to nearest twice can err on a value just past a
+/// half-way point. Infinities and NaN pass through `as f32`.
+///
+/// ```
+/// use opsmith_kernels::convert::f64_to_f32_odd;
+/// assert_eq!(f64_to_f32_odd(1.5), 1.5); // exact: unchanged
+/// assert_eq!(f64_to_f32_odd(1.0 + 1e-12).to_bits(), 1.0f32.to_bits() | 1); // inexact: odd
+/// ```
+#[inline(always)]
+pub fn f64_to_f32_odd(x: f64) -> f32 {
+    if !x.is_finite() {
+        return x as f32;
+    }
+    let mut f = x as f32;
+    if (f as f64).abs() > x.abs() {
+        // Rounded away from zero: step back toward it (for finite f, one step down in magnitude).
+        f = f32::from_bits(f.to_bits() - 1);
+    }
+    if f as f64 != x {
+        f = f32::from_bits(f.to_bits() | 1);
+    }
+    f
+}
+
+/// Rounds an f64 to the nearest bf16, ties to even, and returns its bit pattern: one rounding,
+/// as [`f32_to_bf16_bits`] for f32, through [`f64_to_f32_odd`]. (`half` 2's `bf16::from_f64`
+/// rounds some values just past a half-way point down, e.g. `0.869140863…`, f32 bits
+/// `0x3f5e8004`, to `0x3f5e`; its `f16::from_f64` some just below one up.)
+///
+/// ```
+/// use opsmith_kernels::convert::f64_to_bf16_bits;
+/// assert_eq!(f64_to_bf16_bits(f32::from_bits(0x3f5e_8004) as f64), 0x3f5f);
+/// assert_eq!(f64_to_bf16_bits(1.0 + 1.0 / 256.0), 0x3f80); // a tie: to even
+/// assert_eq!(f64_to_bf16_bits(1.0 + 1.0 / 256.0 + 1e-12), 0x3f81); // just past it: up
+/// ```
+#[inline(always)]
+pub fn f64_to_bf16_bits(x: f64) -> u16 {
+    f32_to_bf16_bits(f64_to_f32_odd(x))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use half::bf16;
+
+    /// The nearest bf16 to `x` (ties to even) by comparing distances exactly in f64: the two
+    /// bf16 neighbours of `x` are exact in f64, and so are their distances to an f64 near them.
+    fn nearest_bf16(x: f64) -> u16 {
+        let below = {
+            let b = f32_to_bf16_bits(x as f32);
+            if bf16_bits_to_f32(b) as f64 > x { if x >= 0.0 { b - 1 } else { b + 1 } } else { b }
+        };
+        let above = if x >= 0.0 {
+            below + 1
+        } else if below == 0x8000 {
+            0x0001
+        } else {
+            below - 1
+        };
+        let (lo, hi) = (bf16_bits_to_f32(below) as f64, bf16_bits_to_f32(above) as f64);
+        let (dl, dh) = (x - lo, hi - x);
+        if dl < dh || (dl == dh && below % 2 == 0) { below } else { above }
+    }
+
+    #[test]
+    fn f64_rounding_is_the_nearest_bf16() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..200_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            // Values near bf16 half-way points (most of them), and anywhere in [-4, 4).
+            let x = if i % 2 == 0 {
+                // A half-way point (low 16 bits 0x8000) of random sign and a finite exponent.
+                let sign = ((seed >> 20) as u32 & 1) << 31;
+                let mid = f32::from_bits(sign | ((seed >> 40) as u32 & 0x3fff) << 16 | 0x2000_8000) as f64;
+                let nudge = ((seed & 0xffff) as f64 - 32768.0) * 1e-12 * mid;
+                mid + nudge
+            } else {
+                (seed >> 11) as f64 / (1u64 << 53) as f64 * 8.0 - 4.0
+            };
+            assert_eq!(f64_to_bf16_bits(x), nearest_bf16(x), "{x:e}");
+        }
+        assert_eq!(f64_to_bf16_bits(f64::INFINITY), 0x7f80);
+        assert_eq!(f64_to_bf16_bits(-1e300), 0xff80);
+        assert!(bf16_bits_to_f32(f64_to_bf16_bits(f64::NAN)).is_nan());
+        assert_eq!(f64_to_bf16_bits(-0.0), 0x8000);
+    }
+
+    /// f16 through f64_to_f32_odd: the nearest f16 by exact distances, next to half-way points.
+    #[test]
+    fn f64_rounding_to_f16_through_odd_is_the_nearest() {
+        use half::f16;
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..200_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let x = ((seed >> 11) as f64 / (1u64 << 53) as f64 * 8.0 - 4.0) as f32 as f64;
+            let x = x + ((seed & 0xff) as f64 - 128.0) * 1e-13;
+            let got = f16::from_f32(f64_to_f32_odd(x));
+            let (a, b) = (f16::from_f32(x as f32), f16::from_bits(f16::from_f32(x as f32).to_bits() ^ 1));
+            // The nearest of the candidates around x (x as f32 rounds to one of its neighbours).
+            let candidates =
+                [a, b, f16::from_bits(a.to_bits().wrapping_add(1)), f16::from_bits(a.to_bits().wrapping_sub(1))];
+            let best = candidates
+                .into_iter()
+                .filter(|c| c.is_finite())
+                .map(|c| ((c.to_f64() - x).abs(), c.to_bits() % 2, c))
+                .min_by(|p, q| p.0.total_cmp(&q.0).then(p.1.cmp(&q.1)))
+                .unwrap()
+                .2;
+            assert_eq!(got, best, "{x:e}");
+        }
+    }
 
     fn check(x: f32) {
         let ours = f32_to_bf16_bits(x);
