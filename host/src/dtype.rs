@@ -305,3 +305,24 @@ macro_rules! with_float_type {
     };
 }
 pub(crate) use with_float_type;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opsmith_kernels::convert::f32_to_bf16_bits;
+
+    /// The CPU's f64 → bf16 and f16 give the kernels' bits (`f32_to_bf16_bits`, `cvt.rn.f16.f32`,
+    /// which `half`'s `from_f32` matches) for every f32 value, such as the normal stream that
+    /// `randn` rounds on both backends; half's own `from_f64` misrounds four of these 2^16.
+    #[test]
+    fn from_f64_of_f32_values_rounds_as_the_kernels() {
+        for i in 0..1u64 << 16 {
+            let x = opsmith_kernels::random::normal_f32(1234, i);
+            assert_eq!(<bf16 as Element>::from_f64(x as f64).to_bits(), f32_to_bf16_bits(x), "{x:e}");
+            assert_eq!(<f16 as Element>::from_f64(x as f64), f16::from_f32(x), "{x:e}");
+        }
+        // One of the values half 2's bf16::from_f64 rounds down.
+        let x = f32::from_bits(0x3f5e_8004);
+        assert_eq!(<bf16 as Element>::from_f64(x as f64).to_bits(), 0x3f5f);
+    }
+}
