@@ -114,7 +114,15 @@ struct Row {
     wall_us: f64,
 }
 
-fn small_step(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<()> {
+/// Writes `graph` as `name.dot` into `dir`, if given.
+fn dot(dir: Option<&std::path::Path>, name: &str, graph: &Graph) -> Result<()> {
+    if let Some(dir) = dir {
+        graph.write_dot(dir.join(format!("{name}.dot")))?;
+    }
+    Ok(())
+}
+
+fn small_step(dev: &CudaDevice, blocks: usize, dot_dir: Option<&std::path::Path>, rows: &mut Vec<Row>) -> Result<()> {
     let device = dev.device();
     let stream = dev.current_stream();
     let n = 1024;
@@ -124,6 +132,7 @@ fn small_step(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<()
     // Eager and replayed gradients must be the same bits, on the inputs and on new ones.
     let eager = tape_step(&x, &y, &w)?;
     let (graph, grads) = Graph::capture(dev, || tape_step(&x, &y, &w))?;
+    dot(dot_dir, "n1024-step", &graph)?;
     graph.replay()?;
     assert_same("n = 1024 step", &eager, &grads)?;
     for (input, new) in [&x, &y, &w].into_iter().zip(&fresh) {
@@ -132,8 +141,10 @@ fn small_step(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<()
     graph.replay()?;
     assert_same("n = 1024 step, new inputs", &tape_step(&fresh[0], &fresh[1], &fresh[2])?, &grads)?;
     println!(
-        "check: n = 1024 graph gradients equal eager's bit for bit (static and copied-in inputs; graph of {} nodes)",
-        graph.node_count()
+        "check: n = 1024 graph gradients equal eager's bit for bit (static and copied-in inputs; graph of {} nodes, \
+         {} in a row)",
+        graph.node_count(),
+        graph.depth()
     );
 
     let k = 1000;
@@ -199,7 +210,7 @@ impl Mlp2 {
     }
 }
 
-fn mlp_step(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<()> {
+fn mlp_step(dev: &CudaDevice, blocks: usize, dot_dir: Option<&std::path::Path>, rows: &mut Vec<Row>) -> Result<()> {
     let device = dev.device();
     let stream = dev.current_stream();
     // 1 eager step (the warm-up before capture), then 100 replays, against 101 eager steps.
@@ -211,6 +222,7 @@ fn mlp_step(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<()> 
     let mut graphed = Mlp2::new(device)?;
     let mut graphed_losses = vec![graphed.step()?.to_vec::<f32>()?[0].to_bits()];
     let (graph, loss) = Graph::capture(dev, || graphed.step())?;
+    dot(dot_dir, "mlp-step", &graph)?;
     for _ in 0..100 {
         graph.replay()?;
         graphed_losses.push(loss.to_vec::<f32>()?[0].to_bits());
@@ -224,8 +236,9 @@ fn mlp_step(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<()> 
     }
     println!(
         "check: MLP, 1 eager step + 100 replays equal 101 eager steps bit for bit (losses and parameters; \
-         graph of {} nodes, {} KiB pool)",
+         graph of {} nodes, {} in a row, {} KiB pool)",
         graph.node_count(),
+        graph.depth(),
         graph.pool_bytes() / 1024
     );
 
@@ -252,6 +265,9 @@ struct Args {
     /// 3 timed blocks per row instead of 7.
     #[arg(long)]
     quick: bool,
+    /// Write each captured graph (nodes and edges) as DOT files into this folder.
+    #[arg(long, value_name = "DIR")]
+    dot: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -266,8 +282,8 @@ fn main() -> Result<()> {
     };
     println!("{} ({} SMs)", dev.name()?, dev.sm_count());
     let mut rows = Vec::new();
-    small_step(&dev, blocks, &mut rows)?;
-    mlp_step(&dev, blocks, &mut rows)?;
+    small_step(&dev, blocks, args.dot.as_deref(), &mut rows)?;
+    mlp_step(&dev, blocks, args.dot.as_deref(), &mut rows)?;
 
     println!("\nper step, median of {blocks} blocks; speedup: eager's µs/step (events) over the row's");
     println!("| step | mode | µs/step (events) | µs/step (wall) | speedup vs eager |");

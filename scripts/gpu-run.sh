@@ -116,10 +116,12 @@ fi
 if [[ $what == graphs || $what == bench || $what == all ]]; then
   # Training steps as CUDA graphs, opsmith and PyTorch in the same call.
   run graph-step "$here/bin/graph_step" ${QUICK:+--quick}
+  # The same steps recorded as one chain, as the stream ran them, for the branches' share.
+  OPSMITH_GRAPH_BRANCHES=0 run graph-step-chain "$here/bin/graph_step" ${QUICK:+--quick}
   # The same steps with every matrix product on cuBLAS, for the small-product kernels' share.
   OPSMITH_SMALL_MATMUL=0 run graph-step-cublas "$here/bin/graph_step" ${QUICK:+--quick}
   run torch-graph python3 "$here/torch_graph.py" ${QUICK:+--quick}
-  grep -E "^\||^check" "$logs/graph-step.log" "$logs/torch-graph.log" || true
+  grep -E "^\||^check" "$logs/graph-step.log" "$logs/graph-step-chain.log" "$logs/torch-graph.log" || true
 fi
 if [[ $what == attention || $what == bench || $what == all ]]; then
   # Scaled dot-product attention (#20): whatever path opsmith picks; the composed path forced,

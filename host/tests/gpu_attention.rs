@@ -54,7 +54,7 @@ fn fused_path_serves_exactly_its_calls() -> opsmith_host::Result<()> {
     Ok(())
 }
 
-/// Lengths below, at and across the kernel's 64-query and 64-key tiles, `seq_q` above and below
+/// Lengths below, at and across the kernel's 64-query and 64-key tiles (one, two and more), `seq_q` above and below
 /// `seq_k`, causal or not: out, lse and (composed) weights against f64, over poisoned memory.
 #[test]
 fn fused_against_f64_across_tiles() -> opsmith_host::Result<()> {
@@ -65,6 +65,8 @@ fn fused_against_f64_across_tiles() -> opsmith_host::Result<()> {
         (1, 2, 64, 64),
         (2, 1, 65, 65),
         (1, 2, 127, 200),
+        (1, 2, 128, 128),
+        (2, 1, 129, 129),
         (1, 2, 200, 127),
         (1, 1, 300, 520),
     ];

@@ -243,3 +243,105 @@ fn the_graph_keeps_what_it_uses_alive_and_orders_replays_across_streams() -> Res
     drop(decoys);
     Ok(())
 }
+
+/// Whether this run records parallel branches (`OPSMITH_GRAPH_BRANCHES=0` turns them off).
+fn branches_on() -> bool {
+    std::env::var(opsmith_host::cuda::GRAPH_BRANCHES_ENV).as_deref() != Ok("0")
+}
+
+#[test]
+fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = CudaDevice::get(0)?;
+    let (_stream, _on) = own_stream(&dev)?;
+    let n = 4096;
+    let (xv, yv) = (values(n, 21), values(n, 22));
+    let x = Tensor::from_vec(xv.clone(), [n], GPU)?;
+    let y = Tensor::from_vec(yv.clone(), [n], GPU)?;
+    let one = Tensor::from_vec(vec![1.0f32; n], [n], GPU)?;
+    let chain = |nodes: usize, depth: usize, graph: &Graph| {
+        let expected = if branches_on() { (nodes, depth) } else { (nodes, nodes) };
+        assert_eq!((graph.node_count(), graph.depth()), expected, "{graph:?}");
+    };
+    ops::add(&x, &y)?; // loads the kernels outside the captures
+
+    // Two chains that share no memory, joined at the end: 5 nodes, 3 in a row. (The
+    // temporaries are held: a block given back to the pool and reused would order the chains.)
+    let (graph, (z, _temporaries)) = Graph::capture(&dev, || {
+        let (x2, y2) = (ops::add(&x, &x)?, ops::add(&y, &y)?);
+        let (a, b) = (ops::mul(&x2, &x)?, ops::mul(&y2, &y)?);
+        Ok::<_, Error>((ops::add(&a, &b)?, [x2, y2, a, b]))
+    })?;
+    chain(5, 3, &graph);
+    graph.replay()?;
+    let expected: Vec<f32> = xv.iter().zip(&yv).map(|(&x, &y)| (x + x) * x + (y + y) * y).collect();
+    assert_eq!(z.to_vec::<f32>()?, expected);
+
+    // Read x, then write it in place, then read both: the write waits for the read before it
+    // (write after read), and the last read for the write (read after write).
+    let (graph, (first, last)) = Graph::capture(&dev, || {
+        let first = ops::add(&x, &x)?;
+        ops::add_into(&x, &one, &x)?;
+        let last = ops::add(&first, &x)?;
+        Ok::<_, Error>((first, last))
+    })?;
+    chain(3, 3, &graph);
+    for round in 1..=3 {
+        graph.replay()?;
+        // Before replay r, x holds x0 + (r - 1).
+        let before: Vec<f32> = xv.iter().map(|&v| v + (round - 1) as f32).collect();
+        let first_expected: Vec<f32> = before.iter().map(|&v| v + v).collect();
+        assert_eq!(first.to_vec::<f32>()?, first_expected, "replay {round}");
+        let last_expected: Vec<f32> = first_expected.iter().zip(&before).map(|(&f, &v)| f + (v + 1.0)).collect();
+        assert_eq!(last.to_vec::<f32>()?, last_expected, "replay {round}");
+    }
+    x.copy_from_(&Tensor::from_vec(xv.clone(), [n], GPU)?)?;
+
+    // A temporary's block, given back to the graph's pool and handed to a new tensor: the new
+    // tensor's writer waits for the old one's last reader.
+    let (graph, (u, v)) = Graph::capture(&dev, || {
+        let t = ops::add(&x, &x)?;
+        let u = ops::mul(&t, &t)?;
+        drop(t);
+        let v = ops::add(&y, &y)?; // t's block, same size
+        Ok::<_, Error>((u, v))
+    })?;
+    chain(3, 3, &graph);
+    graph.replay()?;
+    assert_eq!(u.to_vec::<f32>()?, xv.iter().map(|&x| (x + x) * (x + x)).collect::<Vec<_>>());
+    assert_eq!(v.to_vec::<f32>()?, yv.iter().map(|&y| y + y).collect::<Vec<_>>());
+
+    // Fills and copies are branches too: each writes one allocation (and a copy reads one).
+    let spare = Tensor::zeros([n], DType::F32, GPU)?;
+    let (graph, (a, filled, _held)) = Graph::capture(&dev, || {
+        let a = ops::add(&x, &x)?;
+        spare.copy_from_(&one)?;
+        let filled = Tensor::full(3.0, [n], DType::F32, GPU)?;
+        let x2 = ops::add(&x, &spare)?; // after the copy
+        Ok::<_, Error>((a, filled, x2))
+    })?;
+    chain(4, 2, &graph);
+    graph.replay()?;
+    assert_eq!(a.to_vec::<f32>()?, xv.iter().map(|&x| x + x).collect::<Vec<_>>());
+    assert_eq!(spare.to_vec::<f32>()?, vec![1.0f32; n]);
+    assert_eq!(filled.to_vec::<f32>()?, vec![3.0f32; n]);
+
+    // Other work (a cuBLAS product) is a fence: it waits for everything before it, and
+    // everything after waits for it, whatever memory each uses.
+    let m = 128; // 2^21 multiply-adds: past opsmith's small products, so cuBLAS
+    let (am, bm) = (Tensor::from_vec(values(m * m, 23), [m, m], GPU)?, Tensor::from_vec(values(m * m, 24), [m, m], GPU)?);
+    ops::matmul(&am, &bm)?; // creates the cuBLAS handle outside the capture
+    let (graph, (a, _product, b)) = Graph::capture(&dev, || {
+        let a = ops::add(&x, &x)?;
+        let product = ops::matmul(&am, &bm)?;
+        let b = ops::add(&y, &y)?;
+        Ok::<_, Error>((a, product, b))
+    })?;
+    if branches_on() {
+        assert_eq!(graph.depth(), graph.node_count(), "{graph:?}");
+    }
+    graph.replay()?;
+    assert_eq!(a.to_vec::<f32>()?, xv.iter().map(|&x| x + x).collect::<Vec<_>>());
+    assert_eq!(b.to_vec::<f32>()?, yv.iter().map(|&y| y + y).collect::<Vec<_>>());
+    Ok(())
+}

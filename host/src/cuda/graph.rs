@@ -30,6 +30,24 @@
 //!   the value it had during the capture. State that changes per step must live in device
 //!   memory: `opsmith_autograd`'s Adam keeps its step count and learning rate there.
 //!
+//! # Parallel branches
+//!
+//! A stream runs its work one item after another, but much of a training step is independent:
+//! the gradients of a layer's weight and bias, the optimizer's step count and the forward pass.
+//! A capture records each of opsmith's kernels (and each [`Kernel::launch`](super::Kernel::launch))
+//! after only the nodes it must follow: the last node that wrote memory it uses, and for memory
+//! it writes, the nodes that read it since. Both launch paths know every buffer a kernel reads
+//! and writes, so a replay may run independent kernels at the same time on different SMs, and
+//! [`Graph::depth`] (the longest chain) is what bounds a replay's time rather than
+//! [`Graph::node_count`]. The results are the same bits: only the order of independent work
+//! changes.
+//!
+//! Other work (copies, fills, cuBLAS products, collectives) is recorded after everything before
+//! it, and everything after waits for it. Memory is tracked by allocation: a block of the
+//! graph's pool that a dropped temporary gives back orders the new tensor's writer after the old
+//! one's readers. Set `OPSMITH_GRAPH_BRANCHES=0` ([`GRAPH_BRANCHES_ENV`]) to record every node
+//! after the one before it, as the stream ran them.
+//!
 //! # What cannot be captured
 //!
 //! A graph records device work on one stream. While a capture runs on a thread, these fail with
@@ -51,6 +69,7 @@ use crate::tensor::storage::{Storage, StorageData};
 use crate::{Error, Result};
 use cudarc::driver::{CudaSlice, sys};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::any::Any;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -186,6 +205,96 @@ pub(crate) struct ActiveCapture {
     stream: Stream,
     pool: Arc<GraphPool>,
     state: Mutex<CaptureState>,
+    branches: Mutex<Branches>,
+}
+
+/// Whether captures record independent kernels as parallel branches (`OPSMITH_GRAPH_BRANCHES=0`
+/// records every node after the one before, as the stream ran them).
+fn branches_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var(GRAPH_BRANCHES_ENV).map_or(true, |v| v != "0"))
+}
+
+/// The variable that turns parallel branches off when set to `0`: see the [module docs](self).
+pub const GRAPH_BRANCHES_ENV: &str = "OPSMITH_GRAPH_BRANCHES";
+
+/// A graph node as an address (`CUgraphNode` is a raw pointer, which is not `Send`).
+type Node = usize;
+
+/// What the capture knows of its nodes' dependencies, for recording kernels whose whole
+/// footprint is known (`with_cuda_ptrs_exact`) as branches. See the [module docs](self).
+#[derive(Default)]
+struct Branches {
+    /// Off for the rest of the capture after a failure in the middle of an exact launch.
+    off: bool,
+    /// The capture's dependency set as the last exact launch left it; anything else at the next
+    /// one means other work (a copy, a fill, cuBLAS) was recorded in between.
+    expected: SmallVec<[Node; 8]>,
+    /// Nodes no other node depends on yet: what other work is recorded after, so that it
+    /// waits for everything before it.
+    sinks: Vec<Node>,
+    /// The last other work (a fence): exact launches with no data dependency wait for it.
+    fence: SmallVec<[Node; 4]>,
+    /// Since the fence, by storage base address: the last node that wrote it and the nodes that
+    /// read it since.
+    memory: HashMap<u64, Access>,
+    /// The dependencies the exact launch in progress was given.
+    pending: SmallVec<[Node; 8]>,
+}
+
+#[derive(Default)]
+struct Access {
+    writer: Option<Node>,
+    readers: SmallVec<[Node; 4]>,
+}
+
+fn same_set(a: &[Node], b: &[Node]) -> bool {
+    a.len() == b.len() && a.iter().all(|n| b.contains(n))
+}
+
+/// The nodes that the next work recorded on `stream` will depend on.
+fn capture_dependencies(stream: &Stream) -> Result<SmallVec<[Node; 8]>> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut nodes: *const sys::CUgraphNode = std::ptr::null();
+    let mut count = 0usize;
+    // SAFETY: the stream is live; the id and graph outputs are optional (null); the driver
+    // writes a pointer to its own array of `count` nodes, valid until the next call on the
+    // stream, which is copied out before anything else is called.
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v2(
+            stream.raw().cu_stream(),
+            &mut status,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut nodes,
+            &mut count,
+        )
+    }
+    .result()
+    .map_err(|source| stream.device().driver_error("cuStreamGetCaptureInfo", source))?;
+    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+        return Err(Error::Capture {
+            op: "Graph::capture",
+            reason: "the driver ended the capture early: something in the closure broke it".into(),
+        });
+    }
+    if count == 0 || nodes.is_null() {
+        return Ok(SmallVec::new());
+    }
+    // SAFETY: the driver's array holds `count` nodes (see above).
+    let nodes = unsafe { std::slice::from_raw_parts(nodes, count) };
+    Ok(nodes.iter().map(|&n| n as Node).collect())
+}
+
+/// Makes `nodes` the dependencies of the next work recorded on `stream`.
+fn set_capture_dependencies(stream: &Stream, nodes: &[Node]) -> Result<()> {
+    let mut raw: SmallVec<[sys::CUgraphNode; 8]> = nodes.iter().map(|&n| n as sys::CUgraphNode).collect();
+    let flags = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES as u32;
+    // SAFETY: the stream is capturing (checked by `capture_dependencies` before each exact
+    // launch) and every node belongs to its graph: each came from the driver's dependency set.
+    unsafe { sys::cuStreamUpdateCaptureDependencies(stream.raw().cu_stream(), raw.as_mut_ptr(), raw.len(), flags) }
+        .result()
+        .map_err(|source| stream.device().driver_error("cuStreamUpdateCaptureDependencies", source))
 }
 
 #[derive(Default)]
@@ -222,6 +331,87 @@ impl ActiveCapture {
         let at = state.touched.len();
         state.touched.push(Touched { storage: held, wrote: write });
         state.index.insert(key, at);
+    }
+
+    /// Before an exact launch (one kernel that touches exactly `footprint`: each storage's base
+    /// address and whether it is written): makes the capture record it after only the nodes it
+    /// must follow, the last writer of each storage it uses and, for a storage it writes, the
+    /// readers since. Returns whether it did; if so, call [`end_exact`](Self::end_exact) once the
+    /// kernel is queued.
+    pub(crate) fn begin_exact(&self, footprint: &[(u64, bool)]) -> Result<bool> {
+        let mut b = self.branches.lock();
+        if b.off || !branches_enabled() {
+            return Ok(false);
+        }
+        let current = capture_dependencies(&self.stream)?;
+        if !same_set(&current, &b.expected) {
+            // Other work was recorded since the last exact launch: it depends on everything
+            // before it, so everything after depends on it.
+            b.fence = current.iter().copied().collect();
+            b.sinks = current.to_vec();
+            b.memory.clear();
+        }
+        let mut deps: SmallVec<[Node; 8]> = SmallVec::new();
+        let mut add = |n: Node| {
+            if !deps.contains(&n) {
+                deps.push(n)
+            }
+        };
+        for (base, write) in footprint {
+            if let Some(access) = b.memory.get(base) {
+                access.writer.into_iter().for_each(&mut add);
+                if *write {
+                    access.readers.iter().copied().for_each(&mut add);
+                }
+            }
+        }
+        // Every node since the fence depends on it, directly or through its data dependencies.
+        if deps.is_empty() {
+            deps = b.fence.iter().copied().collect();
+        }
+        if !same_set(&deps, &current) {
+            set_capture_dependencies(&self.stream, &deps)?;
+        }
+        b.pending = deps;
+        Ok(true)
+    }
+
+    /// After an exact launch that [`begin_exact`](Self::begin_exact) prepared: notes the new node
+    /// as the last writer or a reader of each storage of `footprint`, and leaves the capture's
+    /// dependencies on every node without dependents, so that other work waits for all of them.
+    /// After a failed launch (`launched` false) it records no more branches in this capture.
+    pub(crate) fn end_exact(&self, footprint: &[(u64, bool)], launched: bool) -> Result<()> {
+        let mut b = self.branches.lock();
+        let current = capture_dependencies(&self.stream)?;
+        let pending = std::mem::take(&mut b.pending);
+        let mut sinks = std::mem::take(&mut b.sinks);
+        if !launched || current.len() != 1 || pending.contains(&current[0]) {
+            // Nothing, or not one node, was recorded: from here on everything depends on
+            // everything before it.
+            b.off = true;
+            for n in current {
+                if !sinks.contains(&n) {
+                    sinks.push(n);
+                }
+            }
+            return set_capture_dependencies(&self.stream, &sinks);
+        }
+        let node = current[0];
+        for (base, write) in footprint {
+            let access = b.memory.entry(*base).or_default();
+            if *write {
+                access.writer = Some(node);
+                access.readers.clear();
+            } else if !access.readers.contains(&node) {
+                access.readers.push(node);
+            }
+        }
+        sinks.retain(|n| !pending.contains(n));
+        sinks.push(node);
+        set_capture_dependencies(&self.stream, &sinks)?;
+        b.expected = sinks.iter().copied().collect();
+        b.sinks = sinks;
+        Ok(())
     }
 
     /// Keeps `memory` alive for as long as the graph.
@@ -263,6 +453,7 @@ pub struct Graph {
     /// Held for the graph's lifetime (see [`CaptureState::kept`]).
     _kept: Vec<Arc<dyn Any + Send + Sync>>,
     nodes: usize,
+    depth: usize,
 }
 
 // SAFETY: a graph may be launched from any thread; `replay` takes `&self` but `Graph` is not
@@ -274,6 +465,7 @@ impl std::fmt::Debug for Graph {
         f.debug_struct("Graph")
             .field("stream", &self.stream)
             .field("nodes", &self.nodes)
+            .field("depth", &self.depth)
             .field("pool_bytes", &self.pool.bytes())
             .finish()
     }
@@ -344,7 +536,12 @@ impl Graph {
         let stream = device.current_stream();
         device.bind()?;
         let pool = Arc::new(GraphPool { device: device.clone(), state: Mutex::new(PoolState::default()) });
-        let capture = Arc::new(ActiveCapture { stream: stream.clone(), pool, state: Mutex::default() });
+        let capture = Arc::new(ActiveCapture {
+            stream: stream.clone(),
+            pool,
+            state: Mutex::default(),
+            branches: Mutex::default(),
+        });
         if !device.try_set_active_capture(capture.clone()) {
             return Err(
                 Error::Capture { op, reason: format!("{} is already capturing a graph", device.device()) }.into()
@@ -374,9 +571,10 @@ impl Graph {
             Err(source) => return Err(capture_failure(device, source).into()),
         };
         let nodes = node_count(&exec);
+        let depth = graph_depth(&exec);
         exec.upload().map_err(|source| device.driver_error("cuGraphUpload", source))?;
         let graph =
-            Graph { exec, stream, pool: capture.pool.clone(), touched: state.touched, _kept: state.kept, nodes };
+            Graph { exec, stream, pool: capture.pool.clone(), touched: state.touched, _kept: state.kept, nodes, depth };
         Ok((graph, value))
     }
 
@@ -437,10 +635,108 @@ impl Graph {
         self.nodes
     }
 
+    /// The longest chain of nodes that each wait for the one before: the nodes a replay runs
+    /// one after another. Below [`node_count`](Self::node_count) when independent work was
+    /// recorded as parallel branches (see the [module docs](self)).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Tensor, cuda::{CudaDevice, Graph}, ops};
+    /// let dev = CudaDevice::get(0)?;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], dev.device())?;
+    /// let y = Tensor::from_vec(vec![3.0f32, 4.0], [2], dev.device())?;
+    /// // Two sums that share no memory, then their product: 3 nodes, 2 in a row.
+    /// let (graph, z) = Graph::capture(&dev, || ops::mul(&ops::add(&x, &x)?, &ops::add(&y, &y)?))?;
+    /// graph.replay()?;
+    /// assert_eq!(z.to_vec::<f32>()?, [12.0, 32.0]);
+    /// if std::env::var("OPSMITH_GRAPH_BRANCHES").as_deref() != Ok("0") {
+    ///     assert_eq!((graph.node_count(), graph.depth()), (3, 2));
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Writes the graph's nodes and edges to `path` in Graphviz's DOT format (the driver's
+    /// `cuGraphDebugDotPrint`, kernel names and launch shapes included): to see what a capture
+    /// recorded and which nodes run one after another.
+    pub fn write_dot(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let op = "Graph::write_dot";
+        let path = path.as_ref();
+        let text = path.to_str().ok_or_else(|| Error::InvalidArgument {
+            op,
+            reason: format!("the path {} is not UTF-8", path.display()),
+        })?;
+        let c_path = std::ffi::CString::new(text)
+            .map_err(|_| Error::InvalidArgument { op, reason: "the path holds a NUL byte".into() })?;
+        // Verbose: every node's parameters, kernel names included.
+        let flags = sys::CUgraphDebugDot_flags::CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE as u32;
+        // SAFETY: the graph is live and the path a NUL-terminated string that outlives the call.
+        unsafe { sys::cuGraphDebugDotPrint(self.exec.cu_graph(), c_path.as_ptr(), flags) }
+            .result()
+            .map_err(|source| self.stream.device().driver_error("cuGraphDebugDotPrint", source))
+    }
+
     /// Bytes of device memory in the graph's private pool: every allocation its capture made.
     pub fn pool_bytes(&self) -> usize {
         self.pool.bytes()
     }
+}
+
+/// The longest chain of dependent nodes in a captured graph (0 if the driver does not say).
+fn graph_depth(exec: &cudarc::driver::CudaGraph) -> usize {
+    let graph = exec.cu_graph();
+    let mut count = 0usize;
+    // SAFETY: the graph is live; a null node array asks only for the count.
+    if unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }.result().is_err() {
+        return 0;
+    }
+    let mut nodes = vec![std::ptr::null_mut(); count];
+    let mut edges = 0usize;
+    // SAFETY: `nodes` has room for `count` nodes; null edge arrays ask only for the count.
+    let listed = unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.result().is_ok()
+        && unsafe { sys::cuGraphGetEdges(graph, std::ptr::null_mut(), std::ptr::null_mut(), &mut edges) }
+            .result()
+            .is_ok();
+    if !listed {
+        return 0;
+    }
+    let (mut from, mut to) = (vec![std::ptr::null_mut(); edges], vec![std::ptr::null_mut(); edges]);
+    // SAFETY: both arrays have room for `edges` nodes.
+    if unsafe { sys::cuGraphGetEdges(graph, from.as_mut_ptr(), to.as_mut_ptr(), &mut edges) }.result().is_err() {
+        return 0;
+    }
+    let index: HashMap<sys::CUgraphNode, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let pairs: Vec<(usize, usize)> =
+        from.iter().zip(&to).filter_map(|(f, t)| Some((*index.get(f)?, *index.get(t)?))).collect();
+    depth_of(count, &pairs)
+}
+
+/// The number of nodes on the longest path of a DAG of `nodes` nodes with edges `pairs`
+/// (Kahn's order; nodes on a cycle, which a graph cannot have, are left out).
+fn depth_of(nodes: usize, pairs: &[(usize, usize)]) -> usize {
+    let mut incoming = vec![0usize; nodes];
+    let mut out: Vec<Vec<usize>> = vec![Vec::new(); nodes];
+    for &(f, t) in pairs {
+        incoming[t] += 1;
+        out[f].push(t);
+    }
+    let mut depth = vec![1usize; nodes];
+    let mut ready: Vec<usize> = (0..nodes).filter(|&n| incoming[n] == 0).collect();
+    let mut longest = 0;
+    while let Some(n) = ready.pop() {
+        longest = longest.max(depth[n]);
+        for &t in &out[n] {
+            depth[t] = depth[t].max(depth[n] + 1);
+            incoming[t] -= 1;
+            if incoming[t] == 0 {
+                ready.push(t);
+            }
+        }
+    }
+    longest
 }
 
 /// The nodes of a captured graph (0 if the driver does not say).

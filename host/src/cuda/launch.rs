@@ -1,6 +1,6 @@
 //! Checked launch geometry and typed kernel arguments.
 use super::{Kernel, Stream};
-use crate::tensor::storage::with_cuda_ptrs;
+use crate::tensor::storage::with_cuda_ptrs_exact;
 use crate::{Error, Result, Tensor};
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -222,7 +222,7 @@ pub(super) unsafe fn launch_with_args(
             return Err(Error::DeviceMismatch { op: "Kernel::launch", lhs: device, rhs: t.device() });
         }
     }
-    with_cuda_ptrs("Kernel::launch", stream, &reads, &writes, |read_ptrs, write_ptrs| {
+    with_cuda_ptrs_exact("Kernel::launch", stream, &reads, &writes, |read_ptrs, write_ptrs| {
         let (mut r, mut w) = (read_ptrs.iter(), write_ptrs.iter());
         let mut values: Vec<Value> = args
             .iter()

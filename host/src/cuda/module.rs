@@ -301,7 +301,8 @@ impl Kernel {
     /// # Safety
     /// What opsmith cannot check: that `args` match the kernel's parameter list in number, order
     /// and width, that the kernel stays inside each tensor's elements, and that it writes only
-    /// the tensors passed as [`KernelArg::Output`].
+    /// the tensors passed as [`KernelArg::Output`]. A [`Graph`](super::Graph) capture relies on
+    /// the last two: it orders the launch after only the earlier work on these tensors.
     ///
     /// ```
     /// # fn main() -> opsmith_host::Result<()> {

@@ -14,7 +14,7 @@
 //! tensors on other streams, as opsmith's own ops are.
 use super::launch::{DEFAULT_BLOCK, LaunchConfig};
 use super::{CudaDevice, Kernel, KernelModule};
-use crate::tensor::storage::with_cuda_ptrs;
+use crate::tensor::storage::with_cuda_ptrs_exact;
 use crate::{DType, Device, Error, Result, Tensor};
 use opsmith_kernels::decl::{ElemKind, In, KernelDecl, KernelScalar, Out, ParamDecl, ParamKind};
 use smallvec::SmallVec;
@@ -396,7 +396,7 @@ fn launch_checked(
     let kernel = load(&device)?;
     let cfg = grid.config(&kernel)?;
     let stream = device.current_stream();
-    with_cuda_ptrs(kernel_name, &stream, &reads, &writes, |read_ptrs, write_ptrs| {
+    with_cuda_ptrs_exact(kernel_name, &stream, &reads, &writes, |read_ptrs, write_ptrs| {
         let (mut r, mut w) = (read_ptrs.iter(), write_ptrs.iter());
         // Every parameter as a 64-bit slot; the driver reads 4 bytes of a 32-bit one (the low
         // half, on the little-endian hosts CUDA runs on).

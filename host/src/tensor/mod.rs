@@ -228,10 +228,15 @@ impl Tensor {
                 let bytes = bytes.write();
                 device.bind()?;
                 uses.write_on(&stream)?;
-                if let Some(capture) = device.capture_on(&stream) {
+                let capture = device.capture_on(&stream);
+                let base = storage::raw_address(&bytes);
+                let mut branch = false;
+                if let Some(capture) = &capture {
                     capture.touch(&t.storage, true); // a replay fills it again
+                    // One node that writes exactly this allocation.
+                    branch = capture.begin_exact(&[(base, true)])?;
                 }
-                let (base, cu_stream) = (storage::raw_address(&bytes), stream.raw().cu_stream());
+                let cu_stream = stream.raw().cu_stream();
                 // SAFETY: the allocation holds exactly `n` elements of `dtype` (4 or 2 bytes, the
                 // width of the memset) and is aligned to the allocator's granularity; the write
                 // lock is held and the stream is ordered after the allocation's other users.
@@ -241,6 +246,9 @@ impl Tensor {
                         FillPattern::Bits16(bits) => cudarc::driver::sys::cuMemsetD16Async(base, bits, n, cu_stream),
                     }
                 };
+                if let (true, Some(capture)) = (branch, &capture) {
+                    capture.end_exact(&[(base, true)], status.result().is_ok())?;
+                }
                 status.result().map_err(|e| device.driver_error("cuMemsetAsync", e))?;
             }
             return Ok(t);
@@ -668,21 +676,27 @@ impl Tensor {
                     let d = dst.write();
                     (src_bytes.read_recursive(), d)
                 };
+                // One node that reads exactly `src`'s allocation and writes `self`'s.
+                let footprint = [(storage::raw_address(&src_guard), false), (storage::raw_address(&dst_guard), true)];
                 let src_view = src_guard.slice(src.offset * size..(src.offset + n) * size);
                 let mut dst_view = dst_guard.slice_mut(self.offset * size..(self.offset + n) * size);
                 device.bind()?;
-                if let Some(capture) = device.capture_on(&stream) {
+                let capture = device.capture_on(&stream);
+                let mut branch = false;
+                if let Some(capture) = &capture {
                     src_uses.check_capturable("Tensor::copy_from_", &stream, false)?;
                     dst_uses.check_capturable("Tensor::copy_from_", &stream, true)?;
                     capture.touch(&src.storage, false);
                     capture.touch(&self.storage, true);
+                    branch = capture.begin_exact(&footprint)?;
                 }
                 src_uses.read_on(&stream)?;
                 dst_uses.write_on(&stream)?;
-                stream
-                    .raw()
-                    .memcpy_dtod(&src_view, &mut dst_view)
-                    .map_err(|e| device.driver_error("copying device to device", e))?;
+                let copied = stream.raw().memcpy_dtod(&src_view, &mut dst_view);
+                if let (true, Some(capture)) = (branch, &capture) {
+                    capture.end_exact(&footprint, copied.is_ok())?;
+                }
+                copied.map_err(|e| device.driver_error("copying device to device", e))?;
                 src_uses.read_done(&stream)?;
                 self.storage.bump_version();
                 Ok(())

@@ -182,6 +182,33 @@ pub(crate) fn with_cuda_ptrs<R>(
     writes: &[&Tensor],
     f: impl FnOnce(&[u64], &[u64]) -> Result<R>,
 ) -> Result<R> {
+    cuda_ptrs(op, stream, reads, writes, false, f)
+}
+
+#[cfg(feature = "cuda")]
+/// [`with_cuda_ptrs`] for work whose footprint is exactly `reads` and `writes`: `f` queues one
+/// kernel that touches no other memory. Inside a graph capture such a kernel is recorded
+/// depending only on the earlier nodes that use the same memory (see `cuda::graph`'s
+/// branches), where other work depends on everything recorded before it.
+pub(crate) fn with_cuda_ptrs_exact<R>(
+    op: &'static str,
+    stream: &Stream,
+    reads: &[&Tensor],
+    writes: &[&Tensor],
+    f: impl FnOnce(&[u64], &[u64]) -> Result<R>,
+) -> Result<R> {
+    cuda_ptrs(op, stream, reads, writes, true, f)
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_ptrs<R>(
+    op: &'static str,
+    stream: &Stream,
+    reads: &[&Tensor],
+    writes: &[&Tensor],
+    exact: bool,
+    f: impl FnOnce(&[u64], &[u64]) -> Result<R>,
+) -> Result<R> {
     // Inline up to 8 operands: a launch then allocates nothing on the host for its pointers.
     let mut storages: SmallVec<[(*const Storage, &Arc<Storage>, bool); 8]> = SmallVec::new();
     for (t, write) in reads.iter().map(|t| (t, false)).chain(writes.iter().map(|t| (t, true))) {
@@ -226,7 +253,18 @@ pub(crate) fn with_cuda_ptrs<R>(
     };
     let read_ptrs: SmallVec<[u64; 8]> = reads.iter().map(|t| address(t)).collect();
     let write_ptrs: SmallVec<[u64; 8]> = writes.iter().map(|t| address(t)).collect();
+    // Each storage by its base address: a block the graph's pool hands out again has the same
+    // base, so the new tensor's users are ordered after the old one's.
+    let footprint: SmallVec<[(u64, bool); 8]> =
+        storages.iter().zip(&bases).map(|((_, _, write), base)| (*base, *write)).collect();
+    let branch = match &capture {
+        Some(capture) if exact => capture.begin_exact(&footprint)?,
+        _ => false,
+    };
     let result = f(&read_ptrs, &write_ptrs);
+    if let (true, Some(capture)) = (branch, &capture) {
+        capture.end_exact(&footprint, result.is_ok())?;
+    }
     for (_, storage, write) in &storages {
         if let (false, StorageData::Cuda { uses, .. }) = (*write, &storage.data) {
             uses.read_done(stream)?;
