@@ -329,7 +329,8 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
     // Other work (a cuBLAS product) is a fence: it waits for everything before it, and
     // everything after waits for it, whatever memory each uses.
     let m = 128; // 2^21 multiply-adds: past opsmith's small products, so cuBLAS
-    let (am, bm) = (Tensor::from_vec(values(m * m, 23), [m, m], GPU)?, Tensor::from_vec(values(m * m, 24), [m, m], GPU)?);
+    let (am, bm) =
+        (Tensor::from_vec(values(m * m, 23), [m, m], GPU)?, Tensor::from_vec(values(m * m, 24), [m, m], GPU)?);
     ops::matmul(&am, &bm)?; // creates the cuBLAS handle outside the capture
     let (graph, (a, _product, b)) = Graph::capture(&dev, || {
         let a = ops::add(&x, &x)?;
