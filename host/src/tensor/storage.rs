@@ -255,8 +255,11 @@ fn cuda_ptrs<R>(
     let write_ptrs: SmallVec<[u64; 8]> = writes.iter().map(|t| address(t)).collect();
     // Each storage by its base address: a block the graph's pool hands out again has the same
     // base, so the new tensor's users are ordered after the old one's.
-    let footprint: SmallVec<[(u64, bool); 8]> =
-        storages.iter().zip(&bases).map(|((_, _, write), base)| (*base, *write)).collect();
+    // Built only while capturing: an eager launch pays nothing for it.
+    let footprint: SmallVec<[(u64, bool); 8]> = match &capture {
+        Some(_) if exact => storages.iter().zip(&bases).map(|((_, _, write), base)| (*base, *write)).collect(),
+        _ => SmallVec::new(),
+    };
     let branch = match &capture {
         Some(capture) if exact => capture.begin_exact(&footprint)?,
         _ => false,
