@@ -209,7 +209,7 @@ impl Linear {
         Ok(Linear { weight: parameter(tape, weight), bias: parameter(tape, bias) })
     }
 
-    /// `x · W + b` for `x` of shape `[batch, in]`.
+    /// `x · W + b` for `x` of shape `[batch, in]`: one [`ops::linear`].
     ///
     /// ```
     /// # fn main() -> opsmith_autograd::Result<()> {
@@ -221,7 +221,23 @@ impl Linear {
     /// # Ok(()) }
     /// ```
     pub fn forward(&self, x: &Var) -> Result<Var> {
-        ops::add_row(&ops::matmul(x, &self.weight)?, &self.bias)
+        ops::linear(x, &self.weight, &self.bias)
+    }
+
+    /// `max(x · W + b, 0)`: the layer and a ReLU as one [`ops::linear_relu`] (one kernel on CUDA
+    /// for a small layer, where the two apart are a product, a bias and a ReLU).
+    ///
+    /// ```
+    /// # fn main() -> opsmith_autograd::Result<()> {
+    /// use opsmith_autograd::{Tape, nn::Linear};
+    /// use opsmith_host::{DType, Device};
+    /// let layer = Linear::new(&Tape::new(), 3, 2, DType::F32, Device::Cpu, 1)?;
+    /// let x = opsmith_autograd::Var::constant(opsmith_host::Tensor::from_vec(vec![0.5f32; 6], [2, 3], Device::Cpu)?);
+    /// assert!(layer.forward_relu(&x)?.value().to_vec::<f32>()?.iter().all(|&v| v >= 0.0));
+    /// # Ok(()) }
+    /// ```
+    pub fn forward_relu(&self, x: &Var) -> Result<Var> {
+        ops::linear_relu(x, &self.weight, &self.bias)
     }
 
     /// The weight, `[in, out]`.
@@ -383,11 +399,20 @@ impl Mlp {
     /// # Ok(()) }
     /// ```
     pub fn forward(&self, x: &Var) -> Result<Var> {
-        let mut h = self.layers[0].forward(x)?;
-        for layer in &self.layers[1..] {
-            h = layer.forward(&self.activation.apply(&h)?)?;
+        let (last, hidden) =
+            self.layers.split_last().ok_or(crate::Error::Host(opsmith_host::Error::InvalidArgument {
+                op: "Mlp::forward",
+                reason: "the MLP has no layers".into(),
+            }))?;
+        let mut h = x.clone();
+        for layer in hidden {
+            h = match self.activation {
+                // A ReLU after a layer fuses into it.
+                Activation::Relu => layer.forward_relu(&h)?,
+                other => other.apply(&layer.forward(&h)?)?,
+            };
         }
-        Ok(h)
+        last.forward(&h)
     }
 
     /// Every parameter, layer by layer (weight, then bias): what an optimizer updates.

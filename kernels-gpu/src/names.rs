@@ -488,12 +488,25 @@ pub struct MatmulKernels {
     pub small_warp: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
     /// One block per output, the threads splitting the inner dimension: for a long one.
     pub small_block: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
+    /// A linear layer, `act(a · b + bias)`, one thread per output.
+    pub linear_thread: KernelDecl<(In, In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64, u32)>,
+    /// A linear layer, one warp per output.
+    pub linear_warp: KernelDecl<(In, In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64, u32)>,
+    /// A linear layer, one block per output.
+    pub linear_block: KernelDecl<(In, In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64, u32)>,
 }
 
 impl MatmulKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 3] {
-        [self.small_thread.name(), self.small_warp.name(), self.small_block.name()]
+    pub const fn all(&self) -> [&'static str; 6] {
+        [
+            self.small_thread.name(),
+            self.small_warp.name(),
+            self.small_block.name(),
+            self.linear_thread.name(),
+            self.linear_warp.name(),
+            self.linear_block.name(),
+        ]
     }
 }
 
@@ -618,11 +631,11 @@ pub const ALL_MATMUL: [MatmulKernels; 3] = [matmul::F32, matmul::F16, matmul::BF
 /// ```
 /// let names: Vec<&str> = opsmith_kernels::names::all_kernel_names().collect();
 /// // Three dtypes of elementwise (with along-a-dim and random), reduction, activation,
-/// // softmax, loss and small-product kernels; f32 optimizers. Softmax, each way: 3 one-warp
+/// // softmax, loss, small-product and small linear-layer kernels; f32 optimizers. Softmax, each way: 3 one-warp
 /// // sizes, 1 block-per-row and 1 long kernel. index_select and gather for six dtypes. The
 /// // fused attention (a forward and two backward kernels) for f16 and bf16 at two head sizes.
 /// // And the benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 3) + 6 * 2 + 6 + 2 * 2 * 3 + 1);
+/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 6) + 6 * 2 + 6 + 2 * 2 * 3 + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]

@@ -745,6 +745,18 @@ impl Lowering {
             Traced::Mul => vec![standard("Mul", vec![])],
             Traced::Div => vec![standard("Div", vec![])],
             Traced::Matmul => vec![standard("MatMul", vec![])],
+            Traced::Linear { relu } => {
+                let product = format!("{output}/matmul");
+                let biased = if *relu { format!("{output}/biased") } else { output.to_string() };
+                let mut nodes = vec![
+                    node("MatMul", &ins[..2], &product, vec![]),
+                    node("Add", &[product.as_str(), ins[2]], &biased, vec![]),
+                ];
+                if *relu {
+                    nodes.push(node("Relu", &[&biased], output, vec![]));
+                }
+                nodes
+            }
             Traced::Relu => vec![standard("Relu", vec![])],
             Traced::Gelu => vec![standard("Gelu", vec![Attribute::string("approximate", "tanh")])],
             Traced::Sum => vec![reduce("ReduceSum")],
@@ -935,6 +947,8 @@ fn lowered_name(op: &Traced) -> &'static str {
         Traced::AddMul => "add_mul",
         Traced::AddRow => "add_row",
         Traced::Matmul => "matmul",
+        Traced::Linear { relu: false } => "linear",
+        Traced::Linear { relu: true } => "linear_relu",
         Traced::Relu => "relu",
         Traced::Gelu => "gelu",
         Traced::Silu => "silu",

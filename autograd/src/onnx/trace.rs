@@ -21,6 +21,10 @@ pub(crate) enum Traced {
     AddMul,
     AddRow,
     Matmul,
+    /// `x · w + b`, then a ReLU when `relu`.
+    Linear {
+        relu: bool,
+    },
     Relu,
     Gelu,
     Silu,

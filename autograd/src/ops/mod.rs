@@ -525,6 +525,77 @@ pub fn matmul(a: &Var, b: &Var) -> Result<Var> {
     })
 }
 
+/// A linear layer, `x · w + b` for `x [m, k]`, `w [k, n]` and a bias `b [n]`: one op, on CUDA
+/// one kernel for a small product (see [`opsmith_host::ops::linear`]). Backward:
+/// `gx = g · wᵀ`, `gw = xᵀ · g`, `gb = g` summed over rows, each computed only when wanted.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let x = tape.var(Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], Device::Cpu)?);
+/// let w = tape.var(Tensor::from_vec(vec![1.0f32, -1.0], [2, 1], Device::Cpu)?);
+/// let b = tape.var(Tensor::from_vec(vec![0.5f32], [1], Device::Cpu)?);
+/// let y = ops::linear(&x, &w, &b)?;
+/// assert_eq!(y.value().to_vec::<f32>()?, [-0.5, -0.5]);
+/// let grads = tape.backward(&ops::sum(&y)?)?;
+/// assert_eq!(grads.get(&w).unwrap().to_vec::<f32>()?, [4.0, 6.0]); // column sums of x
+/// assert_eq!(grads.get(&b).unwrap().to_vec::<f32>()?, [2.0]); // one per row
+/// # Ok(()) }
+/// ```
+pub fn linear(x: &Var, w: &Var, b: &Var) -> Result<Var> {
+    linear_layer(x, w, b, false)
+}
+
+/// A linear layer then a ReLU, `max(x · w + b, 0)`: one op, on CUDA one kernel for a small
+/// product (see [`opsmith_host::ops::linear_relu`]). Backward: `d = g · [y > 0]` from the
+/// output `y`, then `gx = d · wᵀ`, `gw = xᵀ · d`, `gb = d` summed over rows.
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let x = tape.var(Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], Device::Cpu)?);
+/// let w = tape.var(Tensor::from_vec(vec![1.0f32, -1.0], [2, 1], Device::Cpu)?);
+/// let b = tape.var(Tensor::from_vec(vec![1.5f32], [1], Device::Cpu)?);
+/// let y = ops::linear_relu(&x, &w, &b)?; // rows: 1 - 2 + 1.5, 3 - 4 + 1.5
+/// assert_eq!(y.value().to_vec::<f32>()?, [0.5, 0.5]);
+/// let grads = tape.backward(&ops::sum(&y)?)?;
+/// assert_eq!(grads.get(&x).unwrap().to_vec::<f32>()?, [1.0, -1.0, 1.0, -1.0]);
+/// # Ok(()) }
+/// ```
+pub fn linear_relu(x: &Var, w: &Var, b: &Var) -> Result<Var> {
+    linear_layer(x, w, b, true)
+}
+
+/// [`linear`], or [`linear_relu`] when `relu`.
+fn linear_layer(x: &Var, w: &Var, b: &Var, relu: bool) -> Result<Var> {
+    let op = if relu { "linear_relu" } else { "linear" };
+    let out = if relu {
+        host::linear_relu(x.value(), w.value(), b.value())?
+    } else {
+        host::linear(x.value(), w.value(), b.value())?
+    };
+    record_or_constant!(op, Traced::Linear { relu }, &[x, w, b], out, |tape| {
+        let (saved_w, saved_x) = (save_if(x.requires_grad(), w.value()), save_if(w.requires_grad(), x.value()));
+        let b_needs = b.requires_grad();
+        // The ReLU's gradient needs only where the output is positive.
+        let saved_y = relu.then(|| out.clone());
+        let keep = saved_refs(&[&saved_w, &saved_x, &saved_y]);
+        tape.record(op, &[x, w, b], out, &keep.iter().collect::<Vec<_>>(), move |g| {
+            let masked = saved_y.as_ref().map(|y| host::relu_backward(g, y)).transpose()?;
+            let d = masked.as_ref().unwrap_or(g);
+            Ok(vec![
+                saved_w.as_ref().map(|w| host::matmul_t(d, false, w, true)).transpose()?,
+                saved_x.as_ref().map(|x| host::matmul_t(x, true, d, false)).transpose()?,
+                if b_needs { Some(host::sum_rows(d)?) } else { None },
+            ])
+        })
+    })
+}
+
 /// Records an activation `f(x)` whose backward is one fused kernel of `(g, x)`.
 fn activation(
     op: &'static str,

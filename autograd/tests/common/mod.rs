@@ -88,6 +88,11 @@ pub fn cases() -> Vec<Case> {
         ("linear relu linear", vec![&[4, 3], &[3, 5], &[5], &[5, 2]], |v| {
             ops::matmul(&ops::relu(&ops::add_row(&ops::matmul(&v[0], &v[1])?, &v[2])?)?, &v[3])
         }),
+        ("linear", vec![&[4, 3], &[3, 5], &[5]], |v| ops::linear(&v[0], &v[1], &v[2])),
+        // The fused layer: the ReLU's gradient from the output, then the product's and the bias's.
+        ("linear_relu then linear", vec![&[4, 3], &[3, 5], &[5], &[5, 2], &[2]], |v| {
+            ops::linear(&ops::linear_relu(&v[0], &v[1], &v[2])?, &v[3], &v[4])
+        }),
         // Shape ops: each moves elements, and its gradient moves them back.
         ("narrow", vec![&[3, 5]], |v| ops::narrow(&v[0], 1, 1, 3)),
         // Along the leading dim the narrowed rows are one contiguous block of the input.

@@ -13,6 +13,10 @@
 //! f32 (`CUBLAS_COMPUTE_32F`, TF32 off), so CUDA and the CPU agree to within the f32 rounding of
 //! the sums, but not bit for bit: the two libraries add the products in different orders.
 //!
+//! [`linear`] and [`linear_relu`] are a layer's `x · w + b` (and its ReLU) as one op: for a
+//! small product one launch of a `linear` kernel, which adds the bias and applies the ReLU
+//! before rounding.
+//!
 //! An empty inner dimension (`k = 0`) gives zeros, the value of an empty sum; an empty `m` or `n`
 //! gives an empty result. Neither calls cuBLAS.
 use super::check;
@@ -107,6 +111,73 @@ pub fn matmul_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
 /// ```
 pub fn matmul_t_into(a: &Tensor, transpose_a: bool, b: &Tensor, transpose_b: bool, out: &Tensor) -> Result<()> {
     product_into("matmul_t_into", a, transpose_a, b, transpose_b, out)
+}
+
+/// A linear layer, `x [m, k] · w [k, n] + b [n] → [m, n]`: the product with the bias row added
+/// to every row, as one op.
+///
+/// On CUDA a product of at most [`SMALL_PRODUCT_MACS`] multiply-adds is one launch of opsmith's
+/// `linear` kernel, which adds the bias to each output's f32 sum before its one rounding; larger
+/// ones are a cuBLAS product and [`add_row`](super::add_row), as is the CPU. In f32 both ways
+/// give the same bits (the sum is an f32 either way); in f16 and bf16 the fused kernel rounds
+/// once where the composed ops round twice. Shapes and errors as for [`matmul`], and the bias must
+/// be `[n]` of the same dtype and device ([`Error::ShapeMismatch`] otherwise).
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, -3.0, 1.0], [2, 2], Device::Cpu)?;
+/// let w = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0], [2, 2], Device::Cpu)?;
+/// let b = Tensor::from_vec(vec![0.5f32, -1.0], [2], Device::Cpu)?;
+/// assert_eq!(ops::linear(&x, &w, &b)?.to_vec::<f32>()?, [1.5, 1.0, -2.5, 0.0]);
+/// # Ok(()) }
+/// ```
+pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    linear_layer("linear", x, w, b, false)
+}
+
+/// A linear layer followed by a ReLU, `max(x · w + b, 0)`, as one op: on CUDA, for a small
+/// product, one launch whose kernel applies the ReLU to each biased f32 sum before rounding it.
+/// Otherwise as [`linear`] then [`relu`](super::relu). The ReLU is the [`relu`](super::relu) op's: NaN stays NaN.
+///
+/// Its gradient needs only the output: `g · [y > 0]` ([`relu_backward`](super::relu_backward)
+/// of `y`, since `y > 0` exactly where `x · w + b > 0`).
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, -3.0, 1.0], [2, 2], Device::Cpu)?;
+/// let w = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0], [2, 2], Device::Cpu)?;
+/// let b = Tensor::from_vec(vec![0.5f32, -1.0], [2], Device::Cpu)?;
+/// assert_eq!(ops::linear_relu(&x, &w, &b)?.to_vec::<f32>()?, [1.5, 1.0, 0.0, 0.0]);
+/// # Ok(()) }
+/// ```
+pub fn linear_relu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    linear_layer("linear_relu", x, w, b, true)
+}
+
+/// [`linear`], or [`linear_relu`] when `relu`, under the name `op`.
+fn linear_layer(op: &'static str, x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> {
+    if x.dims().len() != 2 || w.dims().len() != 2 {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("expects x [m, k] and w [k, n], got shapes {:?} and {:?}", x.dims(), w.dims()),
+        });
+    }
+    let p = Product::new(op, x, false, w, false)?;
+    check::same_device(op, &[x, b])?;
+    check::same_dtype(op, &[x, b])?;
+    if b.dims() != [p.n] {
+        return Err(Error::ShapeMismatch { op, lhs: vec![p.n], rhs: b.dims().to_vec() });
+    }
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && p.is_small() && !p.is_trivial() {
+        let out = Tensor::empty(Shape::from(p.out_dims.clone()), x.dtype(), x.device())?;
+        small_linear(&p, x, w, b, relu, &out)?;
+        return Ok(out);
+    }
+    let biased = super::add_row(&product_new(op, x, false, w, false)?, b)?;
+    if relu { super::relu(&biased) } else { Ok(biased) }
 }
 
 /// One checked product: the operands' layout and the sizes of `op(a) [m, k] · op(b) [k, n]`.
@@ -253,22 +324,59 @@ const WARP_PER_OUTPUT_MAX_K: usize = 256;
 /// through strides (a transposed operand's rows are its stored columns).
 #[cfg(feature = "cuda")]
 fn small(p: &Product, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
-    use crate::cuda::{self, Grid};
+    use crate::cuda;
     use opsmith_kernels::names::matmul;
     let table = super::cuda::dtype_table(p.op, a, [matmul::F32, matmul::F16, matmul::BF16])?;
+    let (shape, grid) = small_launch(p);
+    let args = (a, b, out, shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], shape[6], shape[7]);
+    match grid.1 {
+        Mapping::Thread => cuda::launch(table.small_thread, grid.0, args),
+        Mapping::Warp => cuda::launch(table.small_warp, grid.0, args),
+        Mapping::Block => cuda::launch(table.small_block, grid.0, args),
+    }
+}
+
+/// The CUDA half of a small [`linear`] or [`linear_relu`]: one launch of a `linear` kernel.
+#[cfg(feature = "cuda")]
+fn small_linear(p: &Product, x: &Tensor, w: &Tensor, bias: &Tensor, relu: bool, out: &Tensor) -> Result<()> {
+    use crate::cuda;
+    use opsmith_kernels::names::matmul;
+    let table = super::cuda::dtype_table(p.op, x, [matmul::F32, matmul::F16, matmul::BF16])?;
+    let (s, grid) = small_launch(p);
+    let args = (x, w, bias, out, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], u32::from(relu));
+    match grid.1 {
+        Mapping::Thread => cuda::launch(table.linear_thread, grid.0, args),
+        Mapping::Warp => cuda::launch(table.linear_warp, grid.0, args),
+        Mapping::Block => cuda::launch(table.linear_block, grid.0, args),
+    }
+}
+
+/// How a small product's kernel maps threads to outputs, by the length of the inner dimension.
+#[cfg(feature = "cuda")]
+#[derive(Clone, Copy)]
+enum Mapping {
+    Thread,
+    Warp,
+    Block,
+}
+
+/// A small product's size arguments (`batch, m, k, n` and the operands' row and column strides,
+/// in the kernels' order), its grid and its thread mapping.
+#[cfg(feature = "cuda")]
+fn small_launch(p: &Product) -> ([u64; 8], (crate::cuda::Grid, Mapping)) {
+    use crate::cuda::{self, Grid};
     let (m, k, n) = (p.m as u64, p.k as u64, p.n as u64);
     // Element (i, kk) of a's matrix: stored [m, k] at i·k + kk, stored [k, m] at kk·m + i.
     let (a_row, a_col) = if p.transpose_a { (1, m) } else { (k, 1) };
     // Element (kk, j) of b's matrix: stored [k, n] at kk·n + j, stored [n, k] at j·k + kk.
     let (b_row, b_col) = if p.transpose_b { (1, k) } else { (n, 1) };
     let outputs = (p.batch * p.m * p.n) as u64;
-    let (kernel, threads_per_output) = match p.k {
-        k if k <= THREAD_PER_OUTPUT_MAX_K => (table.small_thread, 1),
-        k if k <= WARP_PER_OUTPUT_MAX_K => (table.small_warp, 32),
-        _ => (table.small_block, u64::from(cuda::DEFAULT_BLOCK)),
+    let (mapping, threads_per_output) = match p.k {
+        k if k <= THREAD_PER_OUTPUT_MAX_K => (Mapping::Thread, 1),
+        k if k <= WARP_PER_OUTPUT_MAX_K => (Mapping::Warp, 32),
+        _ => (Mapping::Block, u64::from(cuda::DEFAULT_BLOCK)),
     };
-    let args = (a, b, out, p.batch as u64, m, k, n, a_row, a_col, b_row, b_col);
-    cuda::launch(kernel, Grid::covering(outputs * threads_per_output), args)
+    ([p.batch as u64, m, k, n, a_row, a_col, b_row, b_col], (Grid::covering(outputs * threads_per_output), mapping))
 }
 
 /// The CPU half: each matrix of the batch through `general_mat_mul` in the arithmetic type

@@ -311,6 +311,107 @@ pub fn matmul_errors(device: Device) -> Result<()> {
     Ok(())
 }
 
+/// `linear` and `linear_relu` shapes: each small-product mapping on CUDA (k = 2 one thread an
+/// output, k = 33 one warp, k = 1029 one block), an empty sum (k = 0: the bias alone), and one
+/// product just over `ops::SMALL_PRODUCT_MACS`, which takes cuBLAS and the bias kernel.
+pub const LINEAR_SHAPES: [Dims; 6] = [
+    Dims::new(1, 1, 1),
+    Dims::new(17, 2, 9),
+    Dims::new(64, 33, 65),
+    Dims::new(3, 1029, 5),
+    Dims::new(4, 0, 3),
+    Dims::new(130, 70, 120),
+];
+
+/// `linear` and `linear_relu` against f64 on every dtype, shape and operand offset: the product
+/// plus the bias by column, then the ReLU, within the product's tolerance plus one rounding of
+/// the bias's addition and of the product (which the composed path stores before adding).
+/// About half of the pre-activations are negative, so the ReLU's zeros are checked too.
+pub fn linear_layers_against_f64(device: Device) -> Result<()> {
+    let mut seed = 9000;
+    for dtype in super::DTYPES {
+        for d in LINEAR_SHAPES {
+            for offset in OFFSETS {
+                seed += 1;
+                let context = format!("{dtype} on {device}, {d:?}, offset {offset}");
+                let mut rng = StdRng::seed_from_u64(seed);
+                let x_values = random_values(&mut rng, d.m * d.k, dtype);
+                let w_values = random_values(&mut rng, d.k * d.n, dtype);
+                let b_values = random_values(&mut rng, d.n, dtype);
+                let x = operand(&x_values, &[d.m, d.k], offset, dtype, device)?;
+                let w = operand(&w_values, &[d.k, d.n], (offset * 2) % 4, dtype, device)?;
+                let b = operand(&b_values, &[d.n], offset, dtype, device)?;
+                if !supported(dtype, device) {
+                    for result in [ops::linear(&x, &w, &b), ops::linear_relu(&x, &w, &b)] {
+                        assert!(matches!(result, Err(Error::UnsupportedDType { dtype: DType::F64, .. })), "{context}");
+                    }
+                    continue;
+                }
+                let (product, scale) = reference(&x_values, false, &w_values, false, d);
+                let unit = if dtype == DType::F64 { 0.0 } else { dtype.unit_roundoff() };
+                let expected: Vec<f64> = product.iter().enumerate().map(|(i, p)| p + b_values[i % d.n]).collect();
+                let tolerance: Vec<f64> = expected
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &r)| {
+                        let s = scale[i] + b_values[i % d.n].abs();
+                        tolerance(dtype, d.k + 1, r, s) + 1.01 * unit * product[i].abs()
+                    })
+                    .collect();
+                for relu in [false, true] {
+                    let got = if relu { ops::linear_relu(&x, &w, &b)? } else { ops::linear(&x, &w, &b)? };
+                    assert_eq!(got.dims(), [d.m, d.n], "{context}");
+                    assert_eq!(got.dtype(), dtype, "{context}");
+                    for (i, g) in values(&got)?.into_iter().enumerate() {
+                        let r = if relu { expected[i].max(0.0) } else { expected[i] };
+                        assert!(
+                            (g - r).abs() <= tolerance[i],
+                            "{context}, relu {relu}: element {i} = {g:e}, f64 reference {r:e}, tolerance {:e}",
+                            tolerance[i]
+                        );
+                        if relu && expected[i] < -tolerance[i] {
+                            assert_eq!(g.to_bits(), 0.0f64.to_bits(), "{context}: a negative pre-activation gives +0");
+                        }
+                    }
+                }
+                assert_eq!(values(&x)?, x_values, "{context}: x changed");
+                assert_eq!(values(&b)?, b_values, "{context}: b changed");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bad `linear` operands are typed errors naming the op and the offending shape or dtype.
+pub fn linear_errors(device: Device) -> Result<()> {
+    let t = |dims: &[usize], dtype: DType| -> Result<Tensor> {
+        let n = dims.iter().product::<usize>();
+        Tensor::from_f64(&(0..n).map(|i| i as f64 * 0.25 - 1.0).collect::<Vec<_>>(), dims.to_vec(), dtype, device)
+    };
+    let (x, w) = (t(&[2, 3], DType::F32)?, t(&[3, 4], DType::F32)?);
+    match ops::linear(&x, &w, &t(&[3], DType::F32)?) {
+        Err(Error::ShapeMismatch { op: "linear", lhs, rhs }) => assert_eq!((lhs, rhs), (vec![4], vec![3])),
+        other => panic!("expected a bias shape mismatch, got {other:?}"),
+    }
+    match ops::linear_relu(&x, &w, &t(&[1, 4], DType::F32)?) {
+        Err(Error::ShapeMismatch { op: "linear_relu", lhs, rhs }) => assert_eq!((lhs, rhs), (vec![4], vec![1, 4])),
+        other => panic!("expected a bias shape mismatch, got {other:?}"),
+    }
+    match ops::linear(&x, &t(&[2, 4], DType::F32)?, &t(&[4], DType::F32)?) {
+        Err(Error::ShapeMismatch { op: "linear", lhs, rhs }) => assert_eq!((lhs, rhs), (vec![2, 3], vec![2, 4])),
+        other => panic!("expected an inner-dimension mismatch, got {other:?}"),
+    }
+    match ops::linear(&t(&[1, 2, 3], DType::F32)?, &w, &t(&[4], DType::F32)?) {
+        Err(e @ Error::InvalidArgument { op: "linear", .. }) => assert!(e.to_string().contains("[1, 2, 3]"), "{e}"),
+        other => panic!("expected InvalidArgument for a 3-D x, got {other:?}"),
+    }
+    match ops::linear_relu(&x, &w, &t(&[4], DType::BF16)?) {
+        Err(Error::DTypeMismatch { op: "linear_relu", lhs: DType::F32, rhs: DType::BF16 }) => {}
+        other => panic!("expected a dtype mismatch of the bias, got {other:?}"),
+    }
+    Ok(())
+}
+
 /// Lists the shared matmul cases, for the suites to run.
 #[macro_export]
 macro_rules! matmul_cases {
@@ -330,6 +431,14 @@ macro_rules! matmul_cases {
         #[test]
         fn matmul_errors() -> opsmith_host::Result<()> {
             common::matmul::matmul_errors($device)
+        }
+        #[test]
+        fn linear_layers_against_f64() -> opsmith_host::Result<()> {
+            common::matmul::linear_layers_against_f64($device)
+        }
+        #[test]
+        fn linear_errors() -> opsmith_host::Result<()> {
+            common::matmul::linear_errors($device)
         }
     };
 }
