@@ -68,8 +68,8 @@ mod softmax;
 mod timing;
 
 pub use names::{
-    ActivationKernels, AttentionKernels, ElementwiseKernels, Family, LossKernels, MatmulKernels, OptimizerKernels,
-    ReductionKernels, SoftmaxKernels,
+    ActivationKernels, AttentionKernels, ElementwiseKernels, Family, LaunchBounds, LossKernels, MatmulKernels,
+    OptimizerKernels, ReductionKernels, SoftmaxKernels,
 };
 
 /// The kernels never unwind: a panic on the device stops the thread with a trap, which the host

@@ -643,6 +643,18 @@ pub fn all_kernel_names() -> impl Iterator<Item = &'static str> {
     Family::ALL.into_iter().flat_map(Family::kernel_names)
 }
 
+/// A kernel's launch bounds: at most `max_threads` threads per block, and registers few enough
+/// for `min_blocks` such blocks per multiprocessor (see [`Family::launch_bounds`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchBounds {
+    /// The kernel's name.
+    pub kernel: &'static str,
+    /// The most threads a launch may give a block (PTX `.maxntid`).
+    pub max_threads: u32,
+    /// The blocks that should fit on a multiprocessor at once (PTX `.minnctapersm`).
+    pub min_blocks: u32,
+}
+
 /// A kernel family: the kernels of one source module, built into one PTX module (and its
 /// cubins) of its own, which the host loads the first time one of its kernels is launched.
 ///
@@ -718,6 +730,25 @@ impl Family {
         match self {
             Family::Attention => 80,
             _ => 70,
+        }
+    }
+
+    /// The kernels of this family that carry launch bounds in their PTX (`.maxntid` and
+    /// `.minnctapersm`, CUDA C++'s `__launch_bounds__`), which `cargo xtask kernels` writes in:
+    /// `ptxas` then holds each to the registers that let `min_blocks` blocks of `max_threads`
+    /// share a multiprocessor.
+    ///
+    /// ```
+    /// use opsmith_kernels::Family;
+    /// let bounds = Family::Attention.launch_bounds();
+    /// assert!(bounds.iter().any(|b| b.kernel == "attention_backward_dq_d128_bf16" && b.min_blocks == 3));
+    /// assert!(Family::Elementwise.launch_bounds().is_empty());
+    /// ```
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub const fn launch_bounds(self) -> &'static [LaunchBounds] {
+        match self {
+            Family::Attention => crate::attention::LAUNCH_BOUNDS,
+            _ => &[],
         }
     }
 

@@ -429,6 +429,38 @@ pub fn entry_names(ptx: &str) -> Vec<String> {
         .collect()
 }
 
+/// `ptx` with launch bounds on the entry `kernel`: `.maxntid max_threads, 1, 1` and
+/// `.minnctapersm min_blocks` between its parameter list and its body, as CUDA C++'s
+/// `__launch_bounds__(max_threads, min_blocks)` writes them. `ptxas` then keeps the kernel to
+/// the registers that let `min_blocks` blocks share a multiprocessor, and the driver refuses a
+/// launch with larger blocks. Rust has no attribute for them, so they are added to the PTX.
+///
+/// Fails when `ptx` has no such entry, or the entry has directives there already.
+///
+/// ```
+/// let ptx = ".visible .entry k(\n\t.param .u64 a\n)\n{\n\tret;\n}\n";
+/// let bounded = opsmith_ptx_builder::with_launch_bounds(ptx, "k", 128, 3).unwrap();
+/// assert_eq!(bounded, ".visible .entry k(\n\t.param .u64 a\n)\n.maxntid 128, 1, 1\n.minnctapersm 3\n{\n\tret;\n}\n");
+/// assert!(opsmith_ptx_builder::with_launch_bounds(ptx, "other", 128, 3).is_err());
+/// ```
+pub fn with_launch_bounds(ptx: &str, kernel: &str, max_threads: u32, min_blocks: u32) -> Result<String, String> {
+    let header = format!(".visible .entry {kernel}(");
+    let start = ptx
+        .match_indices(&header)
+        .map(|(at, _)| at)
+        .find(|&at| at == 0 || ptx[..at].ends_with('\n'))
+        .ok_or_else(|| format!("the PTX has no entry `{kernel}`"))?;
+    // The parameter list ends at the first `)` line; the body opens on the next line.
+    let close = ptx[start..]
+        .find("\n)\n")
+        .map(|at| start + at + 3)
+        .ok_or_else(|| format!("`{kernel}`: no end of its parameter list"))?;
+    if !ptx[close..].starts_with("{") {
+        return Err(format!("`{kernel}`: directives between its parameters and body already"));
+    }
+    Ok(format!("{}.maxntid {max_threads}, 1, 1\n.minnctapersm {min_blocks}\n{}", &ptx[..close], &ptx[close..]))
+}
+
 /// The functions a PTX module declares `.extern` (calls it cannot resolve on its own).
 ///
 /// A kernel crate's PTX must have none: [`PtxBuilder::build`] reports them as

@@ -11,7 +11,7 @@
 //! The output is deterministic: the same sources, nightly and ptxas give the same bytes.
 use opsmith_kernels::Family;
 use opsmith_kernels::prebuilt::cubin_archs;
-use opsmith_ptx_builder::{PtxBuilder, entry_names, find_ptxas};
+use opsmith_ptx_builder::{PtxBuilder, entry_names, find_ptxas, with_launch_bounds};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -76,7 +76,11 @@ fn kernels(check: bool) -> Result<(), String> {
             .rerun_if_changed(false)
             .build()
             .map_err(|e| format!("{name}: {e}"))?;
-        let ptx = std::fs::read_to_string(&built.path).map_err(|e| format!("{}: {e}", built.path.display()))?;
+        let mut ptx = std::fs::read_to_string(&built.path).map_err(|e| format!("{}: {e}", built.path.display()))?;
+        for bounds in family.launch_bounds() {
+            ptx = with_launch_bounds(&ptx, bounds.kernel, bounds.max_threads, bounds.min_blocks)
+                .map_err(|e| format!("{name}: {e}"))?;
+        }
         let defined: BTreeSet<&str> = built.entries.iter().map(String::as_str).collect();
         let expected: BTreeSet<&str> = family.kernel_names().collect();
         if defined != expected {
