@@ -22,7 +22,7 @@
 //! and added across the four lanes once, at the end. A row that sees no key keeps `m = -inf`;
 //! its exponentials are taken against 0 instead, so it sums to 0 and writes zeros and
 //! `lse = -inf`.
-use super::math::{LN_2, exp2, log2};
+use super::math::{LN_2, exp2_ftz, log2};
 use super::tensor_core::{
     MmaElement, cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans, mma, pack, shared_tile,
 };
@@ -44,6 +44,14 @@ const KEY_GROUPS: usize = BLOCK_K as usize / 8;
 #[inline(always)]
 pub(super) fn swizzled(row: u32, chunk: u32, chunks: u32) -> u32 {
     (row * chunks + (chunk ^ (row & 7))) * 16
+}
+
+/// Whether `key` is hidden from query `row`: past the last key, or above the diagonal when
+/// causal. Written with non-short-circuit operators so that it compiles to predicates and
+/// selects; the `&&`/`||` form became a branch per score.
+#[inline(always)]
+pub(super) fn hidden(key: u32, row: u32, seq_k: u32, causal: bool) -> bool {
+    (key >= seq_k) | (causal & (key > row))
 }
 
 /// The head and the first row of the 64-row tile this block owns, in a grid of
@@ -213,16 +221,19 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
             unsafe { load_tile::<D, LOADS>(k_tile, k_head, key_start + BLOCK_K, seq_k, tid) };
         }
 
-        // 2. Mask and scale. Only tiles that cross the end of the keys or the diagonal mask.
-        let masked = key_start + BLOCK_K > seq_k || (causal && key_start + BLOCK_K - 1 > q_start);
-        unroll::<KEY_GROUPS>(|n| {
-            unroll::<4>(|e| {
-                let key = key_start + 8 * n as u32 + 2 * t + (e as u32 & 1);
-                let row = rows[e / 2];
-                let hidden = masked && (key >= seq_k || (causal && key > row));
-                s[n][e] = if hidden { f32::NEG_INFINITY } else { s[n][e] * scale_log2 };
+        // 2. Mask and scale. Only tiles that cross the end of the keys or the diagonal mask; the
+        // test is once per tile, and the masking itself is selects, not branches.
+        if key_start + BLOCK_K > seq_k || (causal && key_start + BLOCK_K - 1 > q_start) {
+            unroll::<KEY_GROUPS>(|n| {
+                unroll::<4>(|e| {
+                    let key = key_start + 8 * n as u32 + 2 * t + (e as u32 & 1);
+                    let visible = !hidden(key, rows[e / 2], seq_k, causal);
+                    s[n][e] = if visible { s[n][e] * scale_log2 } else { f32::NEG_INFINITY };
+                });
             });
-        });
+        } else {
+            unroll::<KEY_GROUPS>(|n| unroll::<4>(|e| s[n][e] *= scale_log2));
+        }
 
         // 3. Online softmax, per row: the tile's maximum over the four lanes of the row.
         let mut scale_old = [0.0f32; 2];
@@ -237,12 +248,12 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
             let new_max = row_max[r].max(tile_max);
             // A row with no visible key so far keeps -inf; exponentials against 0 give 0.
             let base = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
-            scale_old[r] = exp2(row_max[r] - base);
+            scale_old[r] = exp2_ftz(row_max[r] - base);
             row_max[r] = new_max;
             let mut sum = 0.0f32;
             unroll::<KEY_GROUPS>(|n| {
-                s[n][2 * r] = exp2(s[n][2 * r] - base);
-                s[n][2 * r + 1] = exp2(s[n][2 * r + 1] - base);
+                s[n][2 * r] = exp2_ftz(s[n][2 * r] - base);
+                s[n][2 * r + 1] = exp2_ftz(s[n][2 * r + 1] - base);
                 sum += s[n][2 * r] + s[n][2 * r + 1];
             });
             row_sum[r] = row_sum[r] * scale_old[r] + sum;

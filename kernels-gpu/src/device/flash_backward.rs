@@ -21,8 +21,8 @@
 //! and streams the other operands in tiles of `STREAM = 32` rows, which keeps the four tiles in
 //! the 48 KiB of static shared memory at head_dim 128 and every accumulator in registers.
 use super::element::Element;
-use super::flash::{load_tile, owned_tile};
-use super::math::{LOG2_E, exp2};
+use super::flash::{hidden, load_tile, owned_tile};
+use super::math::{LOG2_E, exp2_ftz, fma};
 use super::tensor_core::{MmaElement, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans, mma, pack, shared_tile};
 use super::unroll::{Count, Unrolled, unroll};
 use super::warp::xor_shuffle;
@@ -340,14 +340,16 @@ pub unsafe fn backward_dq<
         // SAFETY (the products): the tiles have arrived; the warp is converged.
         let s = unsafe { product_t::<T, GROUPS, K_STEPS, K_PAIRS>(q_tile, k_tile, &lanes, warp * 16) };
         let dp = unsafe { product_t::<T, GROUPS, K_STEPS, K_PAIRS>(do_tile, v_tile, &lanes, warp * 16) };
+        // P from the saved log-sum-exp; masked scores get P = 0 by a select (the tile test is
+        // uniform, so unmasked tiles skip the key arithmetic).
         let masked = key_start + stream > seq_k || (causal && key_start + stream - 1 > q_start);
         let mut ds = [[0.0f32; 4]; GROUPS];
         unroll::<GROUPS>(|n| {
             unroll::<4>(|e| {
                 let key = key_start + 8 * n as u32 + 2 * t + (e as u32 & 1);
                 let r = e / 2;
-                let hidden = masked && (key >= seq_k || (causal && key > rows[r]));
-                let p = if hidden { 0.0 } else { exp2(s[n][e] * scale_log2 - row_lse[r]) };
+                let p = exp2_ftz(fma(s[n][e], scale_log2, -row_lse[r]));
+                let p = if masked & hidden(key, rows[r], seq_k, causal) { 0.0 } else { p };
                 ds[n][e] = p * (dp[n][e] - row_delta[r]);
             });
         });
@@ -483,8 +485,9 @@ pub unsafe fn backward_dkdv<
                 };
                 unroll::<2>(|r| {
                     let e = 2 * r + c;
-                    let hidden = masked && (query >= seq_q || (causal && keys[r] > query));
-                    let p = if hidden { 0.0 } else { exp2(st[n][e] * scale_log2 - l) };
+                    let p = exp2_ftz(st[n][e] * scale_log2 - l);
+                    let hide = (query >= seq_q) | (causal & (keys[r] > query));
+                    let p = if masked & hide { 0.0 } else { p };
                     pt[n][e] = p;
                     dst[n][e] = p * (dpt[n][e] - d);
                 });

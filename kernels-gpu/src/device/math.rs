@@ -5,6 +5,11 @@ unsafe extern "C" {
     /// 2^+inf = +inf, NaN stays NaN; subnormal results kept: this is not the `.ftz` form).
     #[link_name = "llvm.nvvm.ex2.approx.f32"]
     fn ex2_approx(x: f32) -> f32;
+    /// `ex2.approx.ftz.f32`: as `ex2.approx.f32`, subnormal inputs and results flushed to
+    /// zero; one special-function instruction, where the non-`ftz` form adds a range check and
+    /// two multiplies around it.
+    #[link_name = "llvm.nvvm.ex2.approx.ftz.f"]
+    fn ex2_approx_ftz(x: f32) -> f32;
     /// `lg2.approx.f32`: log2(x) on the special function unit (absolute error about 2^-22 near
     /// 1; log2(+0) = -inf, log2 of a negative number is NaN).
     #[link_name = "llvm.nvvm.lg2.approx.f"]
@@ -56,6 +61,15 @@ pub const LN_2: f32 = core::f32::consts::LN_2;
 pub fn exp2(x: f32) -> f32 {
     // SAFETY: the intrinsic is a pure function of its argument.
     unsafe { ex2_approx(x) }
+}
+
+/// 2^x with subnormal results flushed to zero: one special-function instruction and nothing
+/// else. For softmax weights, where a weight under 2^-126 of the row's largest counts for
+/// nothing anyway.
+#[inline(always)]
+pub fn exp2_ftz(x: f32) -> f32 {
+    // SAFETY: the intrinsic is a pure function of its argument.
+    unsafe { ex2_approx_ftz(x) }
 }
 
 /// log2(x), one special-function instruction (see [`exp2`] for why not `core`'s).
