@@ -18,8 +18,8 @@ use crate::names::AttentionKernels;
 /// Three 4-warp blocks a multiprocessor (12 warps) for the `dQ` kernels: `ptxas` fits them in
 /// 168 registers without spilling, where left alone it takes 172 and two blocks fit. On an H100
 /// (bf16, head_dim 128, seq 4096) this made the backward 10% faster. The forward fits too, but
-/// ran 6% slower so (234 against 249 TFLOP/s), and the `dK`/`dV` kernel spills at 168: both
-/// keep their registers.
+/// runs slower so (285 against 294 TFLOP/s, measured 2026-12-06 after the select-based masks),
+/// and the `dK`/`dV` kernel spills at 168: both keep their registers.
 #[cfg(not(target_arch = "nvptx64"))]
 pub(crate) const LAUNCH_BOUNDS: &[crate::names::LaunchBounds] = &{
     const KERNELS: [&str; 4] = [
