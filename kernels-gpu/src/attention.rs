@@ -2,7 +2,7 @@
 //!
 //! `out = softmax(scale · q·kᵀ) · v` for each of `heads` independent heads (batch × heads,
 //! flattened), with `q`, `out` of `[heads, seq_q, D]` and `k`, `v` of `[heads, seq_k, D]`, all
-//! contiguous, in f16 or bf16. Each block takes 64 queries of one head and walks the keys in
+//! contiguous, in f16 or bf16. Each block takes 128 queries of one head and walks the keys in
 //! tiles of 64: the scores of a tile live in registers in f32, an online softmax rescales the
 //! running output as each tile's maximum grows, and the `[seq_q, seq_k]` matrix never exists in
 //! memory. Beside `out` the kernel writes each query's log-sum-exp (natural log, f32), from which
@@ -17,9 +17,8 @@ use crate::names::AttentionKernels;
 
 /// Three 4-warp blocks a multiprocessor (12 warps) for the `dQ` kernels: `ptxas` fits them in
 /// 168 registers without spilling, where left alone it takes 172 and two blocks fit. On an H100
-/// (bf16, head_dim 128, seq 4096) this made the backward 10% faster. The forward fits too, but
-/// runs slower so (285 against 294 TFLOP/s, measured 2026-12-06 after the select-based masks),
-/// and the `dK`/`dV` kernel spills at 168: both keep their registers.
+/// (bf16, head_dim 128, seq 4096) this made the backward 10% faster. The forward (32 query rows
+/// a warp) needs its 255 registers, and the `dK`/`dV` kernel spills at 168: both keep them.
 #[cfg(not(target_arch = "nvptx64"))]
 pub(crate) const LAUNCH_BOUNDS: &[crate::names::LaunchBounds] = &{
     const KERNELS: [&str; 4] = [
@@ -161,9 +160,10 @@ macro_rules! attention_family {
             /// (top-left aligned). A query that sees no key gets zeros and `lse = -inf`.
             /// `scale_log2` is `scale · log2(e)`.
             ///
-            /// Launch with 128 threads per block (four warps of 16 queries) and
-            /// `heads · ceil(seq_q / 64)` blocks. It holds one 64-row tile each of `q`, `k` and
-            /// `v` in static shared memory: `3 · 64 · D · 2` bytes (48 KiB at D = 128).
+            /// Launch with 128 threads per block (four warps of 32 queries),
+            /// `heads · ceil(seq_q / 128)` blocks, and `(128 + 2 · 64) · D · 2` bytes of dynamic
+            /// shared memory (64 KiB at D = 128, past the default 48 KiB limit): a 128-row tile
+            /// of `q` and a 64-row tile each of `k` and `v`.
             ///
             /// # Safety
             /// `q` and `out` are valid for `heads · seq_q · D` elements, `k` and `v` for

@@ -193,7 +193,13 @@ impl KernelModule {
             sys::CUresult::CUDA_ERROR_NOT_FOUND => return Err(not_found()),
             other => return Err(self.handle.device.driver_error("cuModuleGetFunction", other.result().unwrap_err())),
         }
-        let kernel = Kernel { name: name.into(), func, module: self.handle.clone(), occupancy: Default::default() };
+        let kernel = Kernel {
+            name: name.into(),
+            func,
+            module: self.handle.clone(),
+            occupancy: Default::default(),
+            dynamic_shared_limit: Default::default(),
+        };
         functions.insert(name.into(), kernel.clone());
         Ok(kernel)
     }
@@ -216,6 +222,9 @@ pub struct Kernel {
     module: Arc<ModuleHandle>,
     /// (block size, resident blocks per multiprocessor), computed once per block size.
     occupancy: Arc<Mutex<Vec<(u32, u32)>>>,
+    /// The dynamic shared memory limit set on the function past the default 48 KiB (0: not
+    /// raised).
+    dynamic_shared_limit: Arc<std::sync::atomic::AtomicU32>,
 }
 
 // SAFETY: a CUfunction is an immutable handle, valid while its module is loaded (the Arc keeps it).
@@ -336,6 +345,24 @@ impl Kernel {
         unsafe { launch::launch_with_args(self, stream, cfg, args) }
     }
 
+    /// Raises the function's dynamic shared memory limit to `bytes` when that is past the 48 KiB
+    /// every function may use (once per size; the driver refuses what the device lacks).
+    fn allow_dynamic_shared(&self, bytes: u32) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        const DEFAULT_LIMIT: u32 = 48 * 1024;
+        if bytes <= DEFAULT_LIMIT || bytes <= self.dynamic_shared_limit.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let attribute = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        // SAFETY: the function belongs to the context bound by the caller; the attribute takes a
+        // byte count.
+        unsafe { sys::cuFuncSetAttribute(self.func, attribute, bytes as i32) }.result().map_err(|source| {
+            Error::Launch { kernel: self.name.to_string(), device: self.device().device(), source }
+        })?;
+        self.dynamic_shared_limit.fetch_max(bytes, Ordering::AcqRel);
+        Ok(())
+    }
+
     /// Launches with raw parameter pointers (each pointing at one parameter's value).
     ///
     /// # Safety
@@ -350,6 +377,7 @@ impl Kernel {
         cfg.validate(&self.name)?;
         let device = self.device();
         device.bind()?;
+        self.allow_dynamic_shared(cfg.shared_mem_bytes)?;
         // SAFETY: the function belongs to the current context, the configuration was validated,
         // and the caller guarantees the parameters.
         let launched = unsafe {

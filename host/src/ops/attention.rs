@@ -437,6 +437,10 @@ pub fn attention_is_fused(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, mask
     }
 }
 
+/// Queries per block of the fused forward (four warps of 32).
+#[cfg(feature = "cuda")]
+const FORWARD_ROWS: usize = 128;
+
 /// A fused forward kernel: `q, k, v, out, lse, heads, seq_q, seq_k, scale_log2, causal`.
 #[cfg(feature = "cuda")]
 type ForwardKernel = opsmith_kernels::decl::KernelDecl<(In, In, In, Out, Out, u32, u32, u32, f32, u32)>;
@@ -460,7 +464,7 @@ fn fused_kernel(dims: &Dims, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&T
     };
     let fits_u32 = |n: usize| u32::try_from(n).is_ok();
     let heads = dims.batch * dims.heads;
-    let blocks = heads.checked_mul(dims.seq_q.div_ceil(64))?;
+    let blocks = heads.checked_mul(dims.seq_q.div_ceil(FORWARD_ROWS))?;
     let sizes_fit = fits_u32(heads) && fits_u32(dims.seq_q) && fits_u32(dims.seq_k) && blocks <= i32::MAX as usize;
     // Whole allocations are 256-byte aligned; a view's offset may not be.
     let aligned = [q, k, v].iter().all(|t| (t.offset * t.dtype().size_in_bytes()) % 16 == 0);
@@ -501,8 +505,10 @@ fn fused(
         return Ok(Some((out, lse)));
     }
     // Checked by `fused_kernel`: every size fits u32 and the grid an i32.
-    let blocks = (heads * dims.seq_q.div_ceil(64)) as u32;
-    let grid = Grid::Config(LaunchConfig { grid: blocks, block: 128, shared_mem_bytes: 0 });
+    let blocks = (heads * dims.seq_q.div_ceil(FORWARD_ROWS)) as u32;
+    // The q tile (128 rows) and one 64-row tile each of k and v, in dynamic shared memory.
+    let shared_mem_bytes = ((FORWARD_ROWS + 2 * 64) * dims.head_dim * 2) as u32;
+    let grid = Grid::Config(LaunchConfig { grid: blocks, block: 128, shared_mem_bytes });
     let sizes = (heads as u32, dims.seq_q as u32, dims.seq_k as u32);
     crate::cuda::launch(kernel, grid, (q, k, v, &out, &lse, sizes.0, sizes.1, sizes.2, scale_log2, causal as u32))?;
     Ok(Some((out, lse)))

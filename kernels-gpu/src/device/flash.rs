@@ -1,10 +1,15 @@
-//! The fused attention forward: one block per 64 queries of one head, walking the keys in tiles
-//! of 64 with an online softmax (FlashAttention-2's loop order), on `mma.sync` tensor cores.
+//! The fused attention forward: one block per 128 queries of one head, walking the keys in
+//! tiles of 64 with an online softmax (FlashAttention-2's loop order), on `mma.sync` tensor
+//! cores.
 //!
-//! Per block: four warps, each owning 16 query rows. The block's `q` tile is copied to shared
-//! memory once and moved into registers as `mma` `A` fragments. For each tile of keys:
+//! Per block: four warps, each owning 32 query rows as two 16-row `mma` tiles, so that every
+//! `k` and `v` fragment a warp reads from shared memory feeds four `mma` (shared-memory reads,
+//! not the tensor cores, bounded the 16-row version). The block's `q` tile is copied to
+//! (dynamic) shared memory once; at head size 64 it moves into registers as `mma` `A`
+//! fragments, at 128 (where the output accumulators take 128 registers a thread) it is read
+//! again from shared memory for each tile of keys. For each tile of keys:
 //!
-//! 1. `S = q·kᵀ` (16 × 64 per warp, f32 in registers), from `k` fragments read with `ldmatrix`;
+//! 1. `S = q·kᵀ` (32 × 64 per warp, f32 in registers), from `k` fragments read with `ldmatrix`;
 //! 2. masking (past `seq_k`, and above the diagonal when causal) and scaling by
 //!    `scale·log2(e)`, so that every exponential is one `ex2`;
 //! 3. the online softmax: each row's running maximum `m` grows to cover the tile, the running
@@ -24,14 +29,19 @@
 //! `lse = -inf`.
 use super::math::{LN_2, exp2_ftz, log2};
 use super::tensor_core::{
-    MmaElement, cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans, mma, pack, shared_tile,
+    MmaElement, cp_async_16, cp_async_commit, cp_async_wait, dynamic_shared, ldmatrix_x4, ldmatrix_x4_trans, mma, pack,
 };
 use super::unroll::{Count, Unrolled, unroll};
 use super::warp::xor_shuffle;
 use core::arch::nvptx;
 
-/// Queries per block (16 per warp).
+/// Rows of the tile a backward block owns (16 per warp).
 pub const BLOCK_Q: u32 = 64;
+/// Queries per forward block: 32 per warp, two 16-row `mma` tiles, so that each `k` or `v`
+/// fragment read from shared memory feeds four `mma` instead of two.
+pub const FORWARD_ROWS: u32 = 128;
+/// The 16-row `mma` tiles of a forward warp.
+const ROW_TILES: usize = 2;
 /// Keys per tile.
 pub const BLOCK_K: u32 = 64;
 /// Threads per block.
@@ -54,20 +64,20 @@ pub(super) fn hidden(key: u32, row: u32, seq_k: u32, causal: bool) -> bool {
     (key >= seq_k) | (causal & (key > row))
 }
 
-/// The head and the first row of the 64-row tile this block owns, in a grid of
-/// `heads · ceil(rows / 64)` blocks (tiles of a head side by side); `None` for a block past the
+/// The head and the first row of the `tile`-row tile this block owns, in a grid of
+/// `heads · ceil(rows / tile)` blocks (tiles of a head side by side); `None` for a block past the
 /// last head, or no rows. With `last_first`, each head's tiles go in reverse order, so that the
 /// causal tiles that see the most keys start first.
 #[inline(always)]
-pub(super) fn owned_tile(rows: u32, heads: u32, last_first: bool) -> Option<(u32, u32)> {
-    let tiles = rows.div_ceil(BLOCK_Q);
+pub(super) fn owned_tile(rows: u32, heads: u32, last_first: bool, tile: u32) -> Option<(u32, u32)> {
+    let tiles = rows.div_ceil(tile);
     // SAFETY: reading a special register has no preconditions.
     let block = unsafe { nvptx::_block_idx_x() } as u32;
     if tiles == 0 || block / tiles >= heads {
         return None;
     }
-    let tile = if last_first { tiles - 1 - block % tiles } else { block % tiles };
-    Some((block / tiles, tile * BLOCK_Q))
+    let index = if last_first { tiles - 1 - block % tiles } else { block % tiles };
+    Some((block / tiles, index * tile))
 }
 
 /// Starts the copy of rows `first..first + R` of a `[rows, D]` matrix into a swizzled tile of
@@ -101,15 +111,21 @@ pub(super) unsafe fn load_tile<const D: usize, const LOADS: usize>(
     cp_async_commit();
 }
 
+/// The dynamic shared memory of a forward block: a `FORWARD_ROWS`-row `q` tile and one
+/// `BLOCK_K`-row tile each of `k` and `v`, `D` bf16/f16 elements a row.
+pub const fn forward_shared_bytes(d: u32) -> u32 {
+    (FORWARD_ROWS + 2 * BLOCK_K) * d * 2
+}
+
 /// The attention forward for head size `D`, with its unroll counts: `K_STEPS = D / 16` (the `k`
 /// steps of `q·kᵀ`, and the pairs of 8-wide output column groups of `P·v`), `K_PAIRS = D / 32`
-/// and `LOADS = D / 16` (copies per thread per tile). See the module docs.
+/// and `LOADS = D / 16` (copies per thread per 64-row tile). See the module docs.
 ///
 /// # Safety
 /// The kernel's contract (`attention_forward_d*` in the attention family): `q`/`out` valid for
 /// `heads·seq_q·D` elements and `k`/`v` for `heads·seq_k·D`, `lse` for `heads·seq_q`, all 16-byte
 /// aligned, outputs disjoint from everything else; 128 threads per block,
-/// `heads·ceil(seq_q / 64)` blocks.
+/// `heads·ceil(seq_q / 128)` blocks, `forward_shared_bytes(D)` bytes of dynamic shared memory.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const K_PAIRS: usize, const LOADS: usize>(
@@ -128,7 +144,7 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
     Count<K_PAIRS>: Unrolled,
     Count<LOADS>: Unrolled,
 {
-    let Some((head, q_start)) = owned_tile(seq_q, heads, causal) else { return };
+    let Some((head, q_start)) = owned_tile(seq_q, heads, causal, FORWARD_ROWS) else { return };
     if seq_k == 0 {
         return;
     }
@@ -138,12 +154,10 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
     let (g, t) = (lane / 4, lane % 4);
     let chunks = D as u32 / 8;
 
-    let tiles = match D {
-        64 => shared_tile!(opsmith_flash_tiles_d64, 24576),
-        _ => shared_tile!(opsmith_flash_tiles_d128, 49152),
-    };
-    let tile_bytes = BLOCK_Q * D as u32 * 2;
-    let (q_tile, k_tile, v_tile) = (tiles, tiles + tile_bytes, tiles + 2 * tile_bytes);
+    // 64-row tiles: two of q, one each of k and v.
+    let tile_bytes = BLOCK_K * D as u32 * 2;
+    let q_tile = dynamic_shared();
+    let (k_tile, v_tile) = (q_tile + 2 * tile_bytes, q_tile + 3 * tile_bytes);
 
     let q_head = q.wrapping_add(head as usize * seq_q as usize * D) as *const u16;
     let k_head = k.wrapping_add(head as usize * seq_k as usize * D) as *const u16;
@@ -152,14 +166,16 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
     // The key tiles this block needs: with causal masking, none past its last query.
     let mut key_tiles = seq_k.div_ceil(BLOCK_K);
     if causal {
-        let last_query = (q_start + BLOCK_Q - 1).min(seq_q - 1);
+        let last_query = (q_start + FORWARD_ROWS - 1).min(seq_q - 1);
         key_tiles = key_tiles.min(last_query / BLOCK_K + 1);
     }
 
     // SAFETY (the copies): the heads' matrices are in bounds by the kernel's contract; the tiles
-    // are this block's shared memory, read only after the waits and barriers below.
+    // are this block's shared memory, read only after the waits and barriers below. The second
+    // half of the q tile starts 64 rows in, a multiple of the swizzle's 8 rows.
     unsafe {
         load_tile::<D, LOADS>(q_tile, q_head, q_start, seq_q, tid);
+        load_tile::<D, LOADS>(q_tile + tile_bytes, q_head, q_start + BLOCK_K, seq_q, tid);
         load_tile::<D, LOADS>(k_tile, k_head, 0, seq_k, tid);
         load_tile::<D, LOADS>(v_tile, v_head, 0, seq_k, tid);
     }
@@ -168,49 +184,67 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
     // around them depend only on block-wide values).
     unsafe { nvptx::_syncthreads() };
 
-    // This warp's 16 query rows as `A` fragments, one per 16 columns of `q`.
-    let mut q_frag = [[0u32; 4]; K_STEPS];
-    unroll::<K_STEPS>(|kk| {
-        let row = warp * 16 + lane % 8 + 8 * ((lane / 8) % 2);
-        let chunk = 2 * kk as u32 + lane / 16;
-        // SAFETY: the q tile has arrived (wait + barrier above); the warp is converged.
-        q_frag[kk] = unsafe { ldmatrix_x4(q_tile + swizzled(row, chunk, chunks)) };
-    });
+    // The q fragment addresses: row tile m, k step kk of this warp. With `r = lane % 8` (every
+    // row read is r mod 8) the chunk `(2kk + lane / 16) ^ r` is
+    // `2·((kk & 3) ^ (r >> 1)) + ((lane / 16) ^ (r & 1)) + 2·(kk & !3)`: four per-lane bases.
+    let (r, c) = (lane % 8, lane / 8);
+    let q_row = q_tile + ((warp * 32 + r + 8 * (c & 1)) * chunks + ((c >> 1) ^ (r & 1))) * 16;
+    let q_lane: [u32; 4] = core::array::from_fn(|j| q_row + 32 * (j as u32 ^ (r >> 1)));
+    let q_fragment = |m: usize, kk: usize| {
+        let address = q_lane[kk & 3] + (16 * m as u32 * chunks + 2 * (kk as u32 & !3)) * 16;
+        // SAFETY: the q tile has arrived (wait + barrier above) and nothing writes it; the warp
+        // is converged.
+        unsafe { ldmatrix_x4(address) }
+    };
+    // At head size 64 the warp's q stays in registers (32 a thread).
+    let resident = D == 64;
+    let mut q_frag = [[[0u32; 4]; K_STEPS]; ROW_TILES];
+    if resident {
+        unroll::<ROW_TILES>(|m| unroll::<K_STEPS>(|kk| q_frag[m][kk] = q_fragment(m, kk)));
+    }
 
-    // The ldmatrix addresses of the loop, as a few per-lane bases plus constants, so that the
-    // compiler keeps 6 registers of addresses rather than one per load. With `r = lane % 8` (the
-    // row's swizzle, since every row read is r mod 8) and `c = lane / 8`: a k load reads chunk
+    // The k and v ldmatrix addresses, as a few per-lane bases plus constants, so that the
+    // compiler keeps 6 registers of addresses rather than one per load: a k load reads chunk
     // `(4kp + c) ^ r = 4·(kp ^ (r >> 2)) + (c ^ (r & 3))` (r >> 2 flips only kp's lowest bit),
     // a v load chunk `(2d + (c >> 1)) ^ r = 2·(d ^ (r >> 1)) + ((c >> 1) ^ (r & 1))` (r >> 1 flips
     // only d's two lowest bits).
-    let (r, c) = (lane % 8, lane / 8);
     let k_row = k_tile + (r * chunks + (c ^ (r & 3))) * 16;
     let k_lane = [k_row + 64 * (r >> 2), k_row + 64 * (1 ^ (r >> 2))];
     let v_row = v_tile + ((r + 8 * (c & 1)) * chunks + ((c >> 1) ^ (r & 1))) * 16;
     let v_lane: [u32; 4] = core::array::from_fn(|j| v_row + 32 * (j as u32 ^ (r >> 1)));
 
-    // The thread's two rows (g and g + 8 of the warp's 16), as query indices.
-    let rows = [q_start + warp * 16 + g, q_start + warp * 16 + g + 8];
-    let mut row_max = [f32::NEG_INFINITY; 2];
-    let mut row_sum = [0.0f32; 2];
-    let mut acc = [[[0.0f32; 4]; 2]; K_STEPS];
+    // The thread's rows: g and g + 8 of each of the warp's two 16-row tiles, as query indices.
+    let row_of = |m: usize, h: usize| q_start + warp * 32 + 16 * m as u32 + g + 8 * h as u32;
+    let mut row_max = [[f32::NEG_INFINITY; 2]; ROW_TILES];
+    let mut row_sum = [[0.0f32; 2]; ROW_TILES];
+    let mut acc = [[[[0.0f32; 4]; 2]; K_STEPS]; ROW_TILES];
 
     for key_tile in 0..key_tiles {
         let key_start = key_tile * BLOCK_K;
 
-        // 1. S = q·kᵀ: 8 column groups of 8 keys; each ldmatrix brings two k steps of one group.
-        let mut s = [[0.0f32; 4]; KEY_GROUPS];
-        unroll::<KEY_GROUPS>(|n| {
-            unroll::<K_PAIRS>(|kp| {
+        // 1. S = q·kᵀ: 8 column groups of 8 keys; each k ldmatrix brings two k steps of one
+        // group, for both row tiles.
+        let mut s = [[[0.0f32; 4]; KEY_GROUPS]; ROW_TILES];
+        unroll::<K_PAIRS>(|kp| {
+            let a: [[[u32; 4]; 2]; ROW_TILES] = core::array::from_fn(|m| {
+                if resident {
+                    [q_frag[m][2 * kp], q_frag[m][2 * kp + 1]]
+                } else {
+                    [q_fragment(m, 2 * kp), q_fragment(m, 2 * kp + 1)]
+                }
+            });
+            unroll::<KEY_GROUPS>(|n| {
                 // Row 8n + lane % 8, chunk 4kp + lane / 8, swizzled (see `k_lane`).
                 let address = k_lane[kp & 1] + (8 * n as u32 * chunks + 4 * (kp as u32 & !1)) * 16;
                 // SAFETY: the k tile has arrived; the warp is converged.
                 let b = unsafe { ldmatrix_x4(address) };
-                // SAFETY: converged warp, fragments as `mma` takes them.
-                unsafe {
-                    mma::<T>(&mut s[n], &q_frag[2 * kp], [b[0], b[1]]);
-                    mma::<T>(&mut s[n], &q_frag[2 * kp + 1], [b[2], b[3]]);
-                }
+                unroll::<ROW_TILES>(|m| {
+                    // SAFETY: converged warp, fragments as `mma` takes them.
+                    unsafe {
+                        mma::<T>(&mut s[m][n], &a[m][0], [b[0], b[1]]);
+                        mma::<T>(&mut s[m][n], &a[m][1], [b[2], b[3]]);
+                    }
+                });
             });
         });
         // SAFETY: as for the first barrier. Every warp is done reading the k tile.
@@ -224,46 +258,49 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
         // 2. Mask and scale. Only tiles that cross the end of the keys or the diagonal mask; the
         // test is once per tile, and the masking itself is selects, not branches.
         if key_start + BLOCK_K > seq_k || (causal && key_start + BLOCK_K - 1 > q_start) {
-            unroll::<KEY_GROUPS>(|n| {
-                unroll::<4>(|e| {
-                    let key = key_start + 8 * n as u32 + 2 * t + (e as u32 & 1);
-                    let visible = !hidden(key, rows[e / 2], seq_k, causal);
-                    s[n][e] = if visible { s[n][e] * scale_log2 } else { f32::NEG_INFINITY };
-                });
+            // One flat unroll: a nested one's outer closure grew past LLVM's inlining threshold,
+            // and the call left `s` and the kernel's scalars in local memory.
+            unroll::<{ ROW_TILES * KEY_GROUPS * 4 }>(|i| {
+                let (m, n, e) = (i / (KEY_GROUPS * 4), i / 4 % KEY_GROUPS, i % 4);
+                let key = key_start + 8 * n as u32 + 2 * t + (e as u32 & 1);
+                let visible = !hidden(key, row_of(m, e / 2), seq_k, causal);
+                s[m][n][e] = if visible { s[m][n][e] * scale_log2 } else { f32::NEG_INFINITY };
             });
         } else {
-            unroll::<KEY_GROUPS>(|n| unroll::<4>(|e| s[n][e] *= scale_log2));
+            unroll::<ROW_TILES>(|m| unroll::<KEY_GROUPS>(|n| unroll::<4>(|e| s[m][n][e] *= scale_log2)));
         }
 
         // 3. Online softmax, per row: the tile's maximum over the four lanes of the row.
-        let mut scale_old = [0.0f32; 2];
-        unroll::<2>(|r| {
-            let mut tile_max = f32::NEG_INFINITY;
-            unroll::<KEY_GROUPS>(|n| tile_max = tile_max.max(s[n][2 * r]).max(s[n][2 * r + 1]));
-            // SAFETY: the whole warp runs this code together.
-            unsafe {
-                tile_max = tile_max.max(xor_shuffle(tile_max, 1));
-                tile_max = tile_max.max(xor_shuffle(tile_max, 2));
-            }
-            let new_max = row_max[r].max(tile_max);
-            // A row with no visible key so far keeps -inf; exponentials against 0 give 0.
-            let base = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
-            scale_old[r] = exp2_ftz(row_max[r] - base);
-            row_max[r] = new_max;
-            let mut sum = 0.0f32;
-            unroll::<KEY_GROUPS>(|n| {
-                s[n][2 * r] = exp2_ftz(s[n][2 * r] - base);
-                s[n][2 * r + 1] = exp2_ftz(s[n][2 * r + 1] - base);
-                sum += s[n][2 * r] + s[n][2 * r + 1];
-            });
-            row_sum[r] = row_sum[r] * scale_old[r] + sum;
-        });
-        unroll::<K_STEPS>(|d| {
+        unroll::<ROW_TILES>(|m| {
+            let mut scale_old = [0.0f32; 2];
             unroll::<2>(|h| {
-                acc[d][h][0] *= scale_old[0];
-                acc[d][h][1] *= scale_old[0];
-                acc[d][h][2] *= scale_old[1];
-                acc[d][h][3] *= scale_old[1];
+                let mut tile_max = f32::NEG_INFINITY;
+                unroll::<KEY_GROUPS>(|n| tile_max = tile_max.max(s[m][n][2 * h]).max(s[m][n][2 * h + 1]));
+                // SAFETY: the whole warp runs this code together.
+                unsafe {
+                    tile_max = tile_max.max(xor_shuffle(tile_max, 1));
+                    tile_max = tile_max.max(xor_shuffle(tile_max, 2));
+                }
+                let new_max = row_max[m][h].max(tile_max);
+                // A row with no visible key so far keeps -inf; exponentials against 0 give 0.
+                let base = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
+                scale_old[h] = exp2_ftz(row_max[m][h] - base);
+                row_max[m][h] = new_max;
+                let mut sum = 0.0f32;
+                unroll::<KEY_GROUPS>(|n| {
+                    s[m][n][2 * h] = exp2_ftz(s[m][n][2 * h] - base);
+                    s[m][n][2 * h + 1] = exp2_ftz(s[m][n][2 * h + 1] - base);
+                    sum += s[m][n][2 * h] + s[m][n][2 * h + 1];
+                });
+                row_sum[m][h] = row_sum[m][h] * scale_old[h] + sum;
+            });
+            unroll::<K_STEPS>(|d| {
+                unroll::<2>(|x| {
+                    acc[m][d][x][0] *= scale_old[0];
+                    acc[m][d][x][1] *= scale_old[0];
+                    acc[m][d][x][2] *= scale_old[1];
+                    acc[m][d][x][3] *= scale_old[1];
+                });
             });
         });
 
@@ -278,22 +315,26 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
 
         // 4. O += P·v: P's accumulator layout is the A layout, 16 keys (two groups) per k step.
         unroll::<{ KEY_GROUPS / 2 }>(|ks| {
-            let p = [
-                pack::<T>(s[2 * ks][0], s[2 * ks][1]),
-                pack::<T>(s[2 * ks][2], s[2 * ks][3]),
-                pack::<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                pack::<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]),
-            ];
+            let p: [[u32; 4]; ROW_TILES] = core::array::from_fn(|m| {
+                [
+                    pack::<T>(s[m][2 * ks][0], s[m][2 * ks][1]),
+                    pack::<T>(s[m][2 * ks][2], s[m][2 * ks][3]),
+                    pack::<T>(s[m][2 * ks + 1][0], s[m][2 * ks + 1][1]),
+                    pack::<T>(s[m][2 * ks + 1][2], s[m][2 * ks + 1][3]),
+                ]
+            });
             unroll::<K_STEPS>(|d| {
                 // Row 16ks + lane % 8 + 8·(lane / 8 % 2), chunk 2d + lane / 16, swizzled.
                 let address = v_lane[d & 3] + (16 * ks as u32 * chunks + 2 * (d as u32 & !3)) * 16;
                 // SAFETY: the v tile has arrived; the warp is converged.
                 let b = unsafe { ldmatrix_x4_trans(address) };
-                // SAFETY: converged warp, fragments as `mma` takes them.
-                unsafe {
-                    mma::<T>(&mut acc[d][0], &p, [b[0], b[1]]);
-                    mma::<T>(&mut acc[d][1], &p, [b[2], b[3]]);
-                }
+                unroll::<ROW_TILES>(|m| {
+                    // SAFETY: converged warp, fragments as `mma` takes them.
+                    unsafe {
+                        mma::<T>(&mut acc[m][d][0], &p[m], [b[0], b[1]]);
+                        mma::<T>(&mut acc[m][d][1], &p[m], [b[2], b[3]]);
+                    }
+                });
             });
         });
         // SAFETY: as for the first barrier. Every warp is done reading the v tile.
@@ -310,30 +351,32 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
 
     // The row sums, whole; the output divided by them; the log-sum-exp in natural units.
     let out_head = out.wrapping_add(head as usize * seq_q as usize * D) as *mut u32;
-    unroll::<2>(|r| {
-        let mut sum = row_sum[r];
-        // SAFETY: the whole warp runs this code together.
-        unsafe {
-            sum += xor_shuffle(sum, 1);
-            sum += xor_shuffle(sum, 2);
-        }
-        let inverse = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-        let row = rows[r];
-        if row < seq_q {
-            unroll::<K_STEPS>(|d| {
-                unroll::<2>(|h| {
-                    let col = 16 * d as u32 + 8 * h as u32 + 2 * t;
-                    let value = pack::<T>(acc[d][h][2 * r] * inverse, acc[d][h][2 * r + 1] * inverse);
-                    // SAFETY: row < seq_q and col + 1 < D: two elements of this head's `out`,
-                    // 4-byte aligned (col is even); no other thread writes them.
-                    unsafe { out_head.wrapping_add((row as usize * D + col as usize) / 2).write(value) };
-                });
-            });
-            if t == 0 {
-                let value = if sum > 0.0 { (row_max[r] + log2(sum)) * LN_2 } else { f32::NEG_INFINITY };
-                // SAFETY: head < heads and row < seq_q.
-                unsafe { lse.add(head as usize * seq_q as usize + row as usize).write(value) };
+    unroll::<ROW_TILES>(|m| {
+        unroll::<2>(|h| {
+            let mut sum = row_sum[m][h];
+            // SAFETY: the whole warp runs this code together.
+            unsafe {
+                sum += xor_shuffle(sum, 1);
+                sum += xor_shuffle(sum, 2);
             }
-        }
+            let inverse = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            let row = row_of(m, h);
+            if row < seq_q {
+                unroll::<K_STEPS>(|d| {
+                    unroll::<2>(|x| {
+                        let col = 16 * d as u32 + 8 * x as u32 + 2 * t;
+                        let value = pack::<T>(acc[m][d][x][2 * h] * inverse, acc[m][d][x][2 * h + 1] * inverse);
+                        // SAFETY: row < seq_q and col + 1 < D: two elements of this head's
+                        // `out`, 4-byte aligned (col is even); no other thread writes them.
+                        unsafe { out_head.wrapping_add((row as usize * D + col as usize) / 2).write(value) };
+                    });
+                });
+                if t == 0 {
+                    let value = if sum > 0.0 { (row_max[m][h] + log2(sum)) * LN_2 } else { f32::NEG_INFINITY };
+                    // SAFETY: head < heads and row < seq_q.
+                    unsafe { lse.add(head as usize * seq_q as usize + row as usize).write(value) };
+                }
+            }
+        });
     });
 }

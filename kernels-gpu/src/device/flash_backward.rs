@@ -21,7 +21,7 @@
 //! and streams the other operands in tiles of `STREAM = 32` rows, which keeps the four tiles in
 //! the 48 KiB of static shared memory at head_dim 128 and every accumulator in registers.
 use super::element::Element;
-use super::flash::{hidden, load_tile, owned_tile};
+use super::flash::{BLOCK_Q, hidden, load_tile, owned_tile};
 use super::math::{LOG2_E, exp2_ftz, fma};
 use super::tensor_core::{MmaElement, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans, mma, pack, shared_tile};
 use super::unroll::{Count, Unrolled, unroll};
@@ -258,7 +258,7 @@ pub unsafe fn backward_dq<
     Count<OWN_LOADS>: Unrolled,
     Count<STREAM_LOADS>: Unrolled,
 {
-    let Some((head, q_start)) = owned_tile(seq_q, heads, causal) else { return };
+    let Some((head, q_start)) = owned_tile(seq_q, heads, causal, BLOCK_Q) else { return };
     if seq_k == 0 {
         return;
     }
@@ -419,7 +419,7 @@ pub unsafe fn backward_dkdv<
     Count<STREAM_LOADS>: Unrolled,
 {
     // Causal: the first key tiles see the most queries, and their blocks start first.
-    let Some((head, key_start)) = owned_tile(seq_k, heads, false) else { return };
+    let Some((head, key_start)) = owned_tile(seq_k, heads, false, BLOCK_Q) else { return };
     // SAFETY: reading a special register has no preconditions.
     let tid = unsafe { nvptx::_thread_idx_x() } as u32;
     let (warp, lane) = (tid / 32, tid % 32);

@@ -187,3 +187,19 @@ macro_rules! shared_tile {
     }};
 }
 pub(crate) use shared_tile;
+
+// The block's dynamic shared memory (its size is the launch's `shared_mem_bytes`). PTX allows
+// `.extern` only at module scope, hence a module-level declaration.
+core::arch::global_asm!(".extern .shared .align 128 .b8 opsmith_dynamic_shared[];");
+
+/// The shared-window offset of the block's dynamic shared memory, whose size the launch sets
+/// (above 48 KiB only after the host raises the kernel's limit).
+#[inline(always)]
+pub fn dynamic_shared() -> u32 {
+    let offset: u32;
+    // SAFETY: reads the offset of a shared symbol; touches no memory.
+    unsafe {
+        asm!("mov.u32 {o}, opsmith_dynamic_shared;", o = out(reg32) offset, options(pure, nomem, nostack, preserves_flags))
+    };
+    offset
+}
