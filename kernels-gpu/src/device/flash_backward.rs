@@ -346,13 +346,19 @@ pub unsafe fn backward_dq<
         let mut ds = [[0.0f32; 4]; GROUPS];
         unroll::<GROUPS>(|n| {
             unroll::<4>(|e| {
-                let key = key_start + 8 * n as u32 + 2 * t + (e as u32 & 1);
                 let r = e / 2;
                 let p = exp2_ftz(fma(s[n][e], scale_log2, -row_lse[r]));
-                let p = if masked & hidden(key, rows[r], seq_k, causal) { 0.0 } else { p };
                 ds[n][e] = p * (dp[n][e] - row_delta[r]);
             });
         });
+        if masked {
+            unroll::<GROUPS>(|n| {
+                unroll::<4>(|e| {
+                    let key = key_start + 8 * n as u32 + 2 * t + (e as u32 & 1);
+                    ds[n][e] = if hidden(key, rows[e / 2], seq_k, causal) { 0.0 } else { ds[n][e] };
+                });
+            });
+        }
         unroll::<STEPS>(|ks| {
             let a = as_a::<T, GROUPS>(&ds, ks);
             // SAFETY: the k tile has arrived; the warp is converged.
@@ -486,13 +492,21 @@ pub unsafe fn backward_dkdv<
                 unroll::<2>(|r| {
                     let e = 2 * r + c;
                     let p = exp2_ftz(st[n][e] * scale_log2 - l);
-                    let hide = (query >= seq_q) | (causal & (keys[r] > query));
-                    let p = if masked & hide { 0.0 } else { p };
                     pt[n][e] = p;
                     dst[n][e] = p * (dpt[n][e] - d);
                 });
             });
         });
+        if masked {
+            unroll::<GROUPS>(|n| {
+                unroll::<4>(|e| {
+                    let query = q0 + 8 * n as u32 + 2 * t + (e as u32 & 1);
+                    if (query >= seq_q) | (causal & (keys[e / 2] > query)) {
+                        (pt[n][e], dst[n][e]) = (0.0, 0.0);
+                    }
+                });
+            });
+        }
         unroll::<STEPS>(|ks| {
             let (p, ds) = (as_a::<T, GROUPS>(&pt, ks), as_a::<T, GROUPS>(&dst, ks));
             // SAFETY: the q and dO tiles have arrived; the warp is converged.
