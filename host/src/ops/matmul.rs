@@ -177,7 +177,11 @@ fn linear_layer(op: &'static str, x: &Tensor, w: &Tensor, b: &Tensor, relu: bool
         return Ok(out);
     }
     let biased = super::add_row(&product_new(op, x, false, w, false)?, b)?;
-    if relu { super::relu(&biased) } else { Ok(biased) }
+    if relu {
+        // In place: the pre-activation is not kept, so it needs no allocation of its own.
+        super::relu_into(&biased, &biased)?;
+    }
+    Ok(biased)
 }
 
 /// One checked product: the operands' layout and the sizes of `op(a) [m, k] · op(b) [k, n]`.
