@@ -93,6 +93,22 @@ fn fused_against_f64_across_tiles() -> opsmith_host::Result<()> {
     Ok(())
 }
 
+/// A causal call with enough heads for the 128-query forward (the small causal grids above take
+/// the 64-query one): at least four waves of two resident blocks a multiprocessor.
+#[test]
+fn fused_causal_on_a_large_grid() -> opsmith_host::Result<()> {
+    let sm_count = opsmith_host::cuda::CudaDevice::get(0)?.sm_count() as usize;
+    // Two 128-query blocks a head (seq 130 also crosses the 64-key tiles).
+    let heads = 4 * sm_count + 3;
+    let mut worst = Worst::default();
+    for (d, seed) in [(64, 7001), (128, 7002)] {
+        let s = Shape::new(1, heads, 130, 130, d);
+        check_case(GPU, DType::BF16, s, true, attention_cases::MaskKind::None, seed, &mut worst)?;
+    }
+    assert!(worst.out_abs > 0.0, "no rounding error at all is suspicious");
+    Ok(())
+}
+
 /// Scales that make the online softmax work: a large one (logits up to about ±500, so each new
 /// key tile raises the running maximum by far and rescales the output) and a negative one.
 #[test]

@@ -42,6 +42,8 @@ macro_rules! attention_family {
         $table:ident, $elem:ty, {
             forward_d64: $f64:ident,
             forward_d128: $f128:ident,
+            forward_narrow_d64: $fn64:ident,
+            forward_narrow_d128: $fn128:ident,
             backward_dq_d64: $dq64:ident,
             backward_dq_d128: $dq128:ident,
             backward_dkdv_d64: $dkdv64:ident,
@@ -53,6 +55,8 @@ macro_rules! attention_family {
         pub const $table: AttentionKernels = AttentionKernels {
             forward_d64: $f64,
             forward_d128: $f128,
+            forward_narrow_d64: $fn64,
+            forward_narrow_d128: $fn128,
             backward_dq_d64: $dq64,
             backward_dq_d128: $dq128,
             backward_dkdv_d64: $dkdv64,
@@ -64,9 +68,12 @@ macro_rules! attention_family {
         attention_family!(@backward $dq64, $dkdv64, $elem, 64, 4, 2, 32, 4, 2, 4, 2);
         attention_family!(@backward $dq128, $dkdv128, $elem, 128, 8, 4, 32, 4, 2, 8, 4);
 
-        // The head size, then its unroll counts: D / 16, D / 32, D / 16 (see `device::flash`).
-        attention_family!(@forward $f64, $elem, 64, 4, 2, 4);
-        attention_family!(@forward $f128, $elem, 128, 8, 4, 8);
+        // The head size, its unroll counts D / 16, D / 32, D / 16, and the 16-row tiles of a
+        // warp with the scores of a thread (see `device::flash`).
+        attention_family!(@forward $f64, $elem, 64, 4, 2, 4, 2, 64, 32, 128, 256);
+        attention_family!(@forward $f128, $elem, 128, 8, 4, 8, 2, 64, 32, 128, 256);
+        attention_family!(@forward $fn64, $elem, 64, 4, 2, 4, 1, 32, 16, 64, 192);
+        attention_family!(@forward $fn128, $elem, 128, 8, 4, 8, 1, 32, 16, 64, 192);
     };
 
     (@backward $dq:ident, $dkdv:ident, $elem:ty, $d:literal, $k_steps:literal, $k_pairs:literal,
@@ -150,7 +157,8 @@ macro_rules! attention_family {
         }
     };
 
-    (@forward $name:ident, $elem:ty, $d:literal, $k_steps:literal, $k_pairs:literal, $loads:literal) => {
+    (@forward $name:ident, $elem:ty, $d:literal, $k_steps:literal, $k_pairs:literal, $loads:literal,
+        $rows:literal, $masks:literal, $warp_rows:literal, $block_rows:literal, $shared_rows:literal) => {
         crate::kernel! {
             #[doc = concat!("The attention forward for head_dim ", stringify!($d), ".")]
             ///
@@ -160,10 +168,7 @@ macro_rules! attention_family {
             /// (top-left aligned). A query that sees no key gets zeros and `lse = -inf`.
             /// `scale_log2` is `scale · log2(e)`.
             ///
-            /// Launch with 128 threads per block (four warps of 32 queries),
-            /// `heads · ceil(seq_q / 128)` blocks, and `(128 + 2 · 64) · D · 2` bytes of dynamic
-            /// shared memory (64 KiB at D = 128, past the default 48 KiB limit): a 128-row tile
-            /// of `q` and a 64-row tile each of `k` and `v`.
+            #[doc = concat!("Launch with 128 threads per block (four warps of ", stringify!($warp_rows), " queries), `heads · ceil(seq_q / ", stringify!($block_rows), ")` blocks, and `", stringify!($shared_rows), " · D · 2` bytes of dynamic shared memory: a ", stringify!($block_rows), "-row tile of `q` and a 64-row tile each of `k` and `v`.")]
             ///
             /// # Safety
             /// `q` and `out` are valid for `heads · seq_q · D` elements, `k` and `v` for
@@ -183,7 +188,7 @@ macro_rules! attention_family {
             ) {
                 // SAFETY: the kernel's contract is `forward`'s.
                 unsafe {
-                    crate::device::flash::forward::<$elem, $d, $k_steps, $k_pairs, $loads>(
+                    crate::device::flash::forward::<$elem, $d, $k_steps, $k_pairs, $loads, $rows, $masks>(
                         q, k, v, out, lse, heads, seq_q, seq_k, scale_log2, causal != 0,
                     )
                 }
@@ -197,6 +202,8 @@ attention_family! {
     F16, crate::dtype::F16, {
         forward_d64: attention_forward_d64_f16,
         forward_d128: attention_forward_d128_f16,
+        forward_narrow_d64: attention_forward_narrow_d64_f16,
+        forward_narrow_d128: attention_forward_narrow_d128_f16,
         backward_dq_d64: attention_backward_dq_d64_f16,
         backward_dq_d128: attention_backward_dq_d128_f16,
         backward_dkdv_d64: attention_backward_dkdv_d64_f16,
@@ -208,6 +215,8 @@ attention_family! {
     BF16, crate::dtype::Bf16, {
         forward_d64: attention_forward_d64_bf16,
         forward_d128: attention_forward_d128_bf16,
+        forward_narrow_d64: attention_forward_narrow_d64_bf16,
+        forward_narrow_d128: attention_forward_narrow_d128_bf16,
         backward_dq_d64: attention_backward_dq_d64_bf16,
         backward_dq_d128: attention_backward_dq_d128_bf16,
         backward_dkdv_d64: attention_backward_dkdv_d64_bf16,

@@ -453,6 +453,11 @@ pub struct AttentionKernels {
     pub forward_d64: KernelDecl<(In, In, In, Out, Out, u32, u32, u32, f32, u32)>,
     /// The forward for head_dim 128.
     pub forward_d128: KernelDecl<(In, In, In, Out, Out, u32, u32, u32, f32, u32)>,
+    /// The forward for head_dim 64 with 16 query rows a warp (64 a block) instead of 32: more,
+    /// smaller blocks, for causal grids too small to balance 128-query blocks.
+    pub forward_narrow_d64: KernelDecl<(In, In, In, Out, Out, u32, u32, u32, f32, u32)>,
+    /// The narrow forward for head_dim 128.
+    pub forward_narrow_d128: KernelDecl<(In, In, In, Out, Out, u32, u32, u32, f32, u32)>,
     /// The backward's `dQ` (and `Δ = rowsum(dO ⊙ O)`) for head_dim 64.
     pub backward_dq_d64: KernelDecl<(In, In, In, In, In, In, Out, Out, u32, u32, u32, f32, f32, u32)>,
     /// The backward's `dQ` for head_dim 128.
@@ -465,10 +470,12 @@ pub struct AttentionKernels {
 
 impl AttentionKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 6] {
+    pub const fn all(&self) -> [&'static str; 8] {
         [
             self.forward_d64.name(),
             self.forward_d128.name(),
+            self.forward_narrow_d64.name(),
+            self.forward_narrow_d128.name(),
             self.backward_dq_d64.name(),
             self.backward_dq_d128.name(),
             self.backward_dkdv_d64.name(),
@@ -633,9 +640,9 @@ pub const ALL_MATMUL: [MatmulKernels; 3] = [matmul::F32, matmul::F16, matmul::BF
 /// // Three dtypes of elementwise (with along-a-dim and random), reduction, activation,
 /// // softmax, loss, small-product and small linear-layer kernels; f32 optimizers. Softmax, each way: 3 one-warp
 /// // sizes, 1 block-per-row and 1 long kernel. index_select and gather for six dtypes. The
-/// // fused attention (a forward and two backward kernels) for f16 and bf16 at two head sizes.
-/// // And the benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 6) + 6 * 2 + 6 + 2 * 2 * 3 + 1);
+/// // fused attention (two forwards and two backward kernels) for f16 and bf16 at two head
+/// // sizes. And the benchmarks' `spin_ns`.
+/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 6) + 6 * 2 + 6 + 2 * 2 * 4 + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]

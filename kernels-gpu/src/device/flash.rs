@@ -37,11 +37,9 @@ use core::arch::nvptx;
 
 /// Rows of the tile a backward block owns (16 per warp).
 pub const BLOCK_Q: u32 = 64;
-/// Queries per forward block: 32 per warp, two 16-row `mma` tiles, so that each `k` or `v`
-/// fragment read from shared memory feeds four `mma` instead of two.
-pub const FORWARD_ROWS: u32 = 128;
-/// The 16-row `mma` tiles of a forward warp.
-const ROW_TILES: usize = 2;
+/// Query rows of one 16-row `mma` tile; a forward warp owns `ROWS` of them (1 or 2) and a
+/// forward block `4·ROWS`.
+pub const ROW_TILE: u32 = 16;
 /// Keys per tile.
 pub const BLOCK_K: u32 = 64;
 /// Threads per block.
@@ -111,24 +109,36 @@ pub(super) unsafe fn load_tile<const D: usize, const LOADS: usize>(
     cp_async_commit();
 }
 
-/// The dynamic shared memory of a forward block: a `FORWARD_ROWS`-row `q` tile and one
-/// `BLOCK_K`-row tile each of `k` and `v`, `D` bf16/f16 elements a row.
-pub const fn forward_shared_bytes(d: u32) -> u32 {
-    (FORWARD_ROWS + 2 * BLOCK_K) * d * 2
+/// The dynamic shared memory of a forward block with `rows` queries: a `rows`-row `q` tile and
+/// one `BLOCK_K`-row tile each of `k` and `v`, `d` bf16/f16 elements a row.
+pub const fn forward_shared_bytes(rows: u32, d: u32) -> u32 {
+    (rows + 2 * BLOCK_K) * d * 2
 }
 
 /// The attention forward for head size `D`, with its unroll counts: `K_STEPS = D / 16` (the `k`
 /// steps of `q·kᵀ`, and the pairs of 8-wide output column groups of `P·v`), `K_PAIRS = D / 32`
-/// and `LOADS = D / 16` (copies per thread per 64-row tile). See the module docs.
+/// and `LOADS = D / 16` (copies per thread per 64-row tile); `ROWS`, the 16-row tiles of a warp
+/// (2: each `k` and `v` fragment read from shared memory feeds four `mma` instead of two; 1:
+/// blocks of half the queries, twice as many, for grids too small to balance), and
+/// `MASKS = ROWS · 32`, the scores of a thread. See the module docs.
 ///
 /// # Safety
 /// The kernel's contract (`attention_forward_d*` in the attention family): `q`/`out` valid for
 /// `heads·seq_q·D` elements and `k`/`v` for `heads·seq_k·D`, `lse` for `heads·seq_q`, all 16-byte
 /// aligned, outputs disjoint from everything else; 128 threads per block,
-/// `heads·ceil(seq_q / 128)` blocks, `forward_shared_bytes(D)` bytes of dynamic shared memory.
+/// `heads·ceil(seq_q / (64·ROWS))` blocks, `forward_shared_bytes(64·ROWS, D)` bytes of dynamic
+/// shared memory.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const K_PAIRS: usize, const LOADS: usize>(
+pub unsafe fn forward<
+    T: MmaElement,
+    const D: usize,
+    const K_STEPS: usize,
+    const K_PAIRS: usize,
+    const LOADS: usize,
+    const ROWS: usize,
+    const MASKS: usize,
+>(
     q: *const T,
     k: *const T,
     v: *const T,
@@ -143,8 +153,11 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
     Count<K_STEPS>: Unrolled,
     Count<K_PAIRS>: Unrolled,
     Count<LOADS>: Unrolled,
+    Count<ROWS>: Unrolled,
+    Count<MASKS>: Unrolled,
 {
-    let Some((head, q_start)) = owned_tile(seq_q, heads, causal, FORWARD_ROWS) else { return };
+    let block_rows = 4 * ROW_TILE * ROWS as u32;
+    let Some((head, q_start)) = owned_tile(seq_q, heads, causal, block_rows) else { return };
     if seq_k == 0 {
         return;
     }
@@ -154,10 +167,10 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
     let (g, t) = (lane / 4, lane % 4);
     let chunks = D as u32 / 8;
 
-    // 64-row tiles: two of q, one each of k and v.
+    // 64-row tiles: `ROWS` of q, one each of k and v.
     let tile_bytes = BLOCK_K * D as u32 * 2;
     let q_tile = dynamic_shared();
-    let (k_tile, v_tile) = (q_tile + 2 * tile_bytes, q_tile + 3 * tile_bytes);
+    let (k_tile, v_tile) = (q_tile + ROWS as u32 * tile_bytes, q_tile + (ROWS as u32 + 1) * tile_bytes);
 
     let q_head = q.wrapping_add(head as usize * seq_q as usize * D) as *const u16;
     let k_head = k.wrapping_add(head as usize * seq_k as usize * D) as *const u16;
@@ -166,16 +179,18 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
     // The key tiles this block needs: with causal masking, none past its last query.
     let mut key_tiles = seq_k.div_ceil(BLOCK_K);
     if causal {
-        let last_query = (q_start + FORWARD_ROWS - 1).min(seq_q - 1);
+        let last_query = (q_start + block_rows - 1).min(seq_q - 1);
         key_tiles = key_tiles.min(last_query / BLOCK_K + 1);
     }
 
     // SAFETY (the copies): the heads' matrices are in bounds by the kernel's contract; the tiles
-    // are this block's shared memory, read only after the waits and barriers below. The second
+    // are this block's shared memory, read only after the waits and barriers below. A second
     // half of the q tile starts 64 rows in, a multiple of the swizzle's 8 rows.
     unsafe {
-        load_tile::<D, LOADS>(q_tile, q_head, q_start, seq_q, tid);
-        load_tile::<D, LOADS>(q_tile + tile_bytes, q_head, q_start + BLOCK_K, seq_q, tid);
+        unroll::<ROWS>(|m| {
+            let rows_in = BLOCK_K * m as u32;
+            load_tile::<D, LOADS>(q_tile + m as u32 * tile_bytes, q_head, q_start + rows_in, seq_q, tid);
+        });
         load_tile::<D, LOADS>(k_tile, k_head, 0, seq_k, tid);
         load_tile::<D, LOADS>(v_tile, v_head, 0, seq_k, tid);
     }
@@ -188,7 +203,8 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
     // row read is r mod 8) the chunk `(2kk + lane / 16) ^ r` is
     // `2·((kk & 3) ^ (r >> 1)) + ((lane / 16) ^ (r & 1)) + 2·(kk & !3)`: four per-lane bases.
     let (r, c) = (lane % 8, lane / 8);
-    let q_row = q_tile + ((warp * 32 + r + 8 * (c & 1)) * chunks + ((c >> 1) ^ (r & 1))) * 16;
+    let warp_rows = warp * ROW_TILE * ROWS as u32;
+    let q_row = q_tile + ((warp_rows + r + 8 * (c & 1)) * chunks + ((c >> 1) ^ (r & 1))) * 16;
     let q_lane: [u32; 4] = core::array::from_fn(|j| q_row + 32 * (j as u32 ^ (r >> 1)));
     let q_fragment = |m: usize, kk: usize| {
         let address = q_lane[kk & 3] + (16 * m as u32 * chunks + 2 * (kk as u32 & !3)) * 16;
@@ -196,11 +212,12 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
         // is converged.
         unsafe { ldmatrix_x4(address) }
     };
-    // At head size 64 the warp's q stays in registers (32 a thread).
-    let resident = D == 64;
-    let mut q_frag = [[[0u32; 4]; K_STEPS]; ROW_TILES];
+    // At head size 64, or with one row tile a warp, the warp's q stays in registers (32 a
+    // thread); at 128 with two it is read again each key tile.
+    let resident = D == 64 || ROWS == 1;
+    let mut q_frag = [[[0u32; 4]; K_STEPS]; ROWS];
     if resident {
-        unroll::<ROW_TILES>(|m| unroll::<K_STEPS>(|kk| q_frag[m][kk] = q_fragment(m, kk)));
+        unroll::<ROWS>(|m| unroll::<K_STEPS>(|kk| q_frag[m][kk] = q_fragment(m, kk)));
     }
 
     // The k and v ldmatrix addresses, as a few per-lane bases plus constants, so that the
@@ -214,19 +231,19 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
     let v_lane: [u32; 4] = core::array::from_fn(|j| v_row + 32 * (j as u32 ^ (r >> 1)));
 
     // The thread's rows: g and g + 8 of each of the warp's two 16-row tiles, as query indices.
-    let row_of = |m: usize, h: usize| q_start + warp * 32 + 16 * m as u32 + g + 8 * h as u32;
-    let mut row_max = [[f32::NEG_INFINITY; 2]; ROW_TILES];
-    let mut row_sum = [[0.0f32; 2]; ROW_TILES];
-    let mut acc = [[[[0.0f32; 4]; 2]; K_STEPS]; ROW_TILES];
+    let row_of = |m: usize, h: usize| q_start + warp_rows + 16 * m as u32 + g + 8 * h as u32;
+    let mut row_max = [[f32::NEG_INFINITY; 2]; ROWS];
+    let mut row_sum = [[0.0f32; 2]; ROWS];
+    let mut acc = [[[[0.0f32; 4]; 2]; K_STEPS]; ROWS];
 
     for key_tile in 0..key_tiles {
         let key_start = key_tile * BLOCK_K;
 
         // 1. S = q·kᵀ: 8 column groups of 8 keys; each k ldmatrix brings two k steps of one
         // group, for both row tiles.
-        let mut s = [[[0.0f32; 4]; KEY_GROUPS]; ROW_TILES];
+        let mut s = [[[0.0f32; 4]; KEY_GROUPS]; ROWS];
         unroll::<K_PAIRS>(|kp| {
-            let a: [[[u32; 4]; 2]; ROW_TILES] = core::array::from_fn(|m| {
+            let a: [[[u32; 4]; 2]; ROWS] = core::array::from_fn(|m| {
                 if resident {
                     [q_frag[m][2 * kp], q_frag[m][2 * kp + 1]]
                 } else {
@@ -238,7 +255,7 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
                 let address = k_lane[kp & 1] + (8 * n as u32 * chunks + 4 * (kp as u32 & !1)) * 16;
                 // SAFETY: the k tile has arrived; the warp is converged.
                 let b = unsafe { ldmatrix_x4(address) };
-                unroll::<ROW_TILES>(|m| {
+                unroll::<ROWS>(|m| {
                     // SAFETY: converged warp, fragments as `mma` takes them.
                     unsafe {
                         mma::<T>(&mut s[m][n], &a[m][0], [b[0], b[1]]);
@@ -260,18 +277,18 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
         if key_start + BLOCK_K > seq_k || (causal && key_start + BLOCK_K - 1 > q_start) {
             // One flat unroll: a nested one's outer closure grew past LLVM's inlining threshold,
             // and the call left `s` and the kernel's scalars in local memory.
-            unroll::<{ ROW_TILES * KEY_GROUPS * 4 }>(|i| {
+            unroll::<MASKS>(|i| {
                 let (m, n, e) = (i / (KEY_GROUPS * 4), i / 4 % KEY_GROUPS, i % 4);
                 let key = key_start + 8 * n as u32 + 2 * t + (e as u32 & 1);
                 let visible = !hidden(key, row_of(m, e / 2), seq_k, causal);
                 s[m][n][e] = if visible { s[m][n][e] * scale_log2 } else { f32::NEG_INFINITY };
             });
         } else {
-            unroll::<ROW_TILES>(|m| unroll::<KEY_GROUPS>(|n| unroll::<4>(|e| s[m][n][e] *= scale_log2)));
+            unroll::<ROWS>(|m| unroll::<KEY_GROUPS>(|n| unroll::<4>(|e| s[m][n][e] *= scale_log2)));
         }
 
         // 3. Online softmax, per row: the tile's maximum over the four lanes of the row.
-        unroll::<ROW_TILES>(|m| {
+        unroll::<ROWS>(|m| {
             let mut scale_old = [0.0f32; 2];
             unroll::<2>(|h| {
                 let mut tile_max = f32::NEG_INFINITY;
@@ -315,7 +332,7 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
 
         // 4. O += P·v: P's accumulator layout is the A layout, 16 keys (two groups) per k step.
         unroll::<{ KEY_GROUPS / 2 }>(|ks| {
-            let p: [[u32; 4]; ROW_TILES] = core::array::from_fn(|m| {
+            let p: [[u32; 4]; ROWS] = core::array::from_fn(|m| {
                 [
                     pack::<T>(s[m][2 * ks][0], s[m][2 * ks][1]),
                     pack::<T>(s[m][2 * ks][2], s[m][2 * ks][3]),
@@ -328,7 +345,7 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
                 let address = v_lane[d & 3] + (16 * ks as u32 * chunks + 2 * (d as u32 & !3)) * 16;
                 // SAFETY: the v tile has arrived; the warp is converged.
                 let b = unsafe { ldmatrix_x4_trans(address) };
-                unroll::<ROW_TILES>(|m| {
+                unroll::<ROWS>(|m| {
                     // SAFETY: converged warp, fragments as `mma` takes them.
                     unsafe {
                         mma::<T>(&mut acc[m][d][0], &p[m], [b[0], b[1]]);
@@ -351,7 +368,7 @@ pub unsafe fn forward<T: MmaElement, const D: usize, const K_STEPS: usize, const
 
     // The row sums, whole; the output divided by them; the log-sum-exp in natural units.
     let out_head = out.wrapping_add(head as usize * seq_q as usize * D) as *mut u32;
-    unroll::<ROW_TILES>(|m| {
+    unroll::<ROWS>(|m| {
         unroll::<2>(|h| {
             let mut sum = row_sum[m][h];
             // SAFETY: the whole warp runs this code together.
