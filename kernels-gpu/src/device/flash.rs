@@ -1,10 +1,11 @@
-//! The fused attention forward: one block per 128 queries of one head, walking the keys in
-//! tiles of 64 with an online softmax (FlashAttention-2's loop order), on `mma.sync` tensor
-//! cores.
+//! The fused attention forward: one block per 128 queries of one head (64 in the narrow form),
+//! walking the keys in tiles of 64 with an online softmax (FlashAttention-2's loop order), on
+//! `mma.sync` tensor cores.
 //!
 //! Per block: four warps, each owning 32 query rows as two 16-row `mma` tiles, so that every
 //! `k` and `v` fragment a warp reads from shared memory feeds four `mma` (shared-memory reads,
-//! not the tensor cores, bounded the 16-row version). The block's `q` tile is copied to
+//! not the tensor cores, bounded the 16-row form). The narrow form (`ROWS = 1`, 16 rows a warp)
+//! makes twice as many blocks, for causal grids too small to balance the wide ones. The block's `q` tile is copied to
 //! (dynamic) shared memory once; at head size 64 it moves into registers as `mma` `A`
 //! fragments, at 128 (where the output accumulators take 128 registers a thread) it is read
 //! again from shared memory for each tile of keys. For each tile of keys:
