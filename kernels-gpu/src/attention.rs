@@ -2,10 +2,10 @@
 //!
 //! `out = softmax(scale · q·kᵀ) · v` for each of `heads` independent heads (batch × heads,
 //! flattened), with `q`, `out` of `[heads, seq_q, D]` and `k`, `v` of `[heads, seq_k, D]`, all
-//! contiguous, in f16 or bf16. Each block takes 128 queries of one head and walks the keys in
-//! tiles of 64: the scores of a tile live in registers in f32, an online softmax rescales the
-//! running output as each tile's maximum grows, and the `[seq_q, seq_k]` matrix never exists in
-//! memory. Beside `out` the kernel writes each query's log-sum-exp (natural log, f32), from which
+//! contiguous, in f16 or bf16. Each block takes 128 queries of one head (64 in the narrow
+//! forward, which the host picks for small causal grids) and walks the keys in tiles of 64: the
+//! scores of a tile live in registers in f32, an online softmax rescales the running output as
+//! each tile's maximum grows, and the `[seq_q, seq_k]` matrix never exists in memory. Beside `out` the kernel writes each query's log-sum-exp (natural log, f32), from which
 //! a backward recomputes the probabilities.
 //!
 //! The products run on `mma.sync.m16n8k16` (f32 accumulators), fed by `ldmatrix` from shared
@@ -68,8 +68,9 @@ macro_rules! attention_family {
         attention_family!(@backward $dq64, $dkdv64, $elem, 64, 4, 2, 32, 4, 2, 4, 2);
         attention_family!(@backward $dq128, $dkdv128, $elem, 128, 8, 4, 32, 4, 2, 8, 4);
 
-        // The head size, its unroll counts D / 16, D / 32, D / 16, and the 16-row tiles of a
-        // warp with the scores of a thread (see `device::flash`).
+        // The head size, its unroll counts D / 16, D / 32, D / 16, the 16-row tiles of a warp
+        // with the scores of a thread (see `device::flash`), then for the docs the queries of a
+        // warp and of a block and the shared-memory rows.
         attention_family!(@forward $f64, $elem, 64, 4, 2, 4, 2, 64, 32, 128, 256);
         attention_family!(@forward $f128, $elem, 128, 8, 4, 8, 2, 64, 32, 128, 256);
         attention_family!(@forward $fn64, $elem, 64, 4, 2, 4, 1, 32, 16, 64, 192);
