@@ -63,6 +63,16 @@ pub(super) fn hidden(key: u32, row: u32, seq_k: u32, causal: bool) -> bool {
     (key >= seq_k) | (causal & (key > row))
 }
 
+/// `%tid.x` through an asm statement that LLVM does not merge with other reads, so that values
+/// derived from it are computed again where used instead of kept in registers across a loop.
+#[inline(always)]
+fn thread_index_uncached() -> u32 {
+    let tid: u32;
+    // SAFETY: reads a special register; touches no memory. Not `pure`, so it is not merged.
+    unsafe { core::arch::asm!("mov.u32 {t}, %tid.x;", t = out(reg32) tid, options(nomem, nostack, preserves_flags)) };
+    tid
+}
+
 /// The head and the first row of the `tile`-row tile this block owns, in a grid of
 /// `heads · ceil(rows / tile)` blocks (tiles of a head side by side); `None` for a block past the
 /// last head, or no rows. With `last_first`, each head's tiles go in reverse order, so that the
@@ -165,7 +175,7 @@ pub unsafe fn forward<
     // SAFETY: reading a special register has no preconditions.
     let tid = unsafe { nvptx::_thread_idx_x() } as u32;
     let (warp, lane) = (tid / 32, tid % 32);
-    let (g, t) = (lane / 4, lane % 4);
+    let t = lane % 4;
     let chunks = D as u32 / 8;
 
     // 64-row tiles: `ROWS` of q, one each of k and v.
@@ -232,7 +242,13 @@ pub unsafe fn forward<
     let v_lane: [u32; 4] = core::array::from_fn(|j| v_row + 32 * (j as u32 ^ (r >> 1)));
 
     // The thread's rows: g and g + 8 of each of the warp's two 16-row tiles, as query indices.
-    let row_of = |m: usize, h: usize| q_start + warp_rows + 16 * m as u32 + g + 8 * h as u32;
+    // The thread's rows, from `%tid.x` read again where they are needed (the rare masked tiles
+    // and the end) rather than kept across the loop, where ptxas had to spill them at 255
+    // registers.
+    let row_of = |m: usize, h: usize| {
+        let fresh = thread_index_uncached();
+        q_start + fresh / 32 * ROW_TILE * ROWS as u32 + 16 * m as u32 + fresh % 32 / 4 + 8 * h as u32
+    };
     let mut row_max = [[f32::NEG_INFINITY; 2]; ROWS];
     let mut row_sum = [[0.0f32; 2]; ROWS];
     let mut acc = [[[[0.0f32; 4]; 2]; K_STEPS]; ROWS];

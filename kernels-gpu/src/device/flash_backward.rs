@@ -491,22 +491,13 @@ pub unsafe fn backward_dkdv<
                 };
                 unroll::<2>(|r| {
                     let e = 2 * r + c;
-                    let p = exp2_ftz(st[n][e] * scale_log2 - l);
+                    let hidden = masked && (query >= seq_q || (causal && keys[r] > query));
+                    let p = if hidden { 0.0 } else { exp2_ftz(st[n][e] * scale_log2 - l) };
                     pt[n][e] = p;
                     dst[n][e] = p * (dpt[n][e] - d);
                 });
             });
         });
-        if masked {
-            unroll::<GROUPS>(|n| {
-                unroll::<4>(|e| {
-                    let query = q0 + 8 * n as u32 + 2 * t + (e as u32 & 1);
-                    if (query >= seq_q) | (causal & (keys[e / 2] > query)) {
-                        (pt[n][e], dst[n][e]) = (0.0, 0.0);
-                    }
-                });
-            });
-        }
         unroll::<STEPS>(|ks| {
             let (p, ds) = (as_a::<T, GROUPS>(&pt, ks), as_a::<T, GROUPS>(&dst, ks));
             // SAFETY: the q and dO tiles have arrived; the warp is converged.
