@@ -129,10 +129,16 @@ impl CompensatedSum {
 /// `address` is valid for an aligned f32 in global memory.
 #[inline(always)]
 pub unsafe fn atomic_add(address: *mut f32, value: f32) {
-    // SAFETY: the caller's contract; `red` with generic addressing writes only `*address`.
+    // SAFETY: the caller's contract: a global address, so its generic form converts to the
+    // global window, and `red.global` writes only `*address`. (A generic `red` compiles to a
+    // test of the address space and a compare-and-swap loop for shared memory beside the add.)
     unsafe {
         core::arch::asm!(
-            "red.add.f32 [{a}], {v};",
+            "{{",
+            ".reg .u64 %global;",
+            "cvta.to.global.u64 %global, {a};",
+            "red.global.add.f32 [%global], {v};",
+            "}}",
             a = in(reg64) address as u64,
             v = in(reg32) value,
             options(nostack, preserves_flags),
