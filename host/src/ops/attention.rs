@@ -340,8 +340,9 @@ fn composed_backward(
     Ok((dq, dk.reshape(k.dims().to_vec())?, dv))
 }
 
-/// `(dq, dk, dv)` from the two fused backward kernels when the fused forward serves the call;
-/// `None` sends it to the composed path.
+/// `(dq, dk, dv)` from the fused backward kernels when the fused forward serves the call;
+/// `None` sends it to the composed path. Three launches: `Δ` and a zeroed f32 `dQ` accumulator,
+/// the backward proper (`dK`, `dV`, `dQ` by atomic adds), and `dQ` rounded from the accumulator.
 #[cfg(feature = "cuda")]
 fn fused_backward(
     dims: &Dims,
@@ -362,9 +363,9 @@ fn fused_backward(
         return Ok(None);
     }
     let table = if q.dtype() == DType::F16 { F16 } else { BF16 };
-    let (dq_kernel, dkdv_kernel) = match dims.head_dim {
-        64 => (table.backward_dq_d64, table.backward_dkdv_d64),
-        _ => (table.backward_dq_d128, table.backward_dkdv_d128),
+    let (prep_kernel, backward_kernel) = match dims.head_dim {
+        64 => (table.backward_prep_d64, table.backward_d64),
+        _ => (table.backward_prep_d128, table.backward_d128),
     };
     let dq = Tensor::empty(q.dims().to_vec(), q.dtype(), q.device())?;
     let dk = Tensor::empty(k.dims().to_vec(), k.dtype(), k.device())?;
@@ -379,24 +380,30 @@ fn fused_backward(
         dv.fill_(0.0)?;
         return Ok(Some((dq, dk, dv)));
     }
-    let delta = Tensor::empty([heads * dims.seq_q], DType::F32, q.device())?;
-    let lse = lse.reshape([heads * dims.seq_q])?;
+    let rows = heads * dims.seq_q;
+    let elements = rows * dims.head_dim;
+    // The kernels index `dq`'s elements in u32, and the key grid must fit: past either, the
+    // composed path.
+    let key_blocks = heads.saturating_mul(dims.seq_k.div_ceil(64));
+    let (Ok(elements32), true) = (u32::try_from(elements), key_blocks <= i32::MAX as usize) else { return Ok(None) };
+    let delta = Tensor::empty([rows], DType::F32, q.device())?;
+    let dq_accum = Tensor::empty([elements], DType::F32, q.device())?;
+    let lse = lse.reshape([rows])?;
     // Checked by `fused_kernel`: every size fits u32 and the grids an i32.
     let sizes = (heads as u32, dims.seq_q as u32, dims.seq_k as u32);
-    let config = |rows: usize| {
-        Grid::Config(LaunchConfig { grid: (heads * rows.div_ceil(64)) as u32, block: 128, shared_mem_bytes: 0 })
-    };
     let c = causal as u32;
+    let prep_grid = LaunchConfig { grid: rows.div_ceil(32) as u32, block: 128, shared_mem_bytes: 0 };
+    crate::cuda::launch(prep_kernel, Grid::Config(prep_grid), (out, dout, &delta, &dq_accum, rows as u32))?;
+    // Shared memory: 64-row k and v tiles, 32-row q and dO tiles (2-byte elements), and the
+    // 64 × 32 dSᵀ tile in rows padded to 80 bytes (`device::flash_backward`).
+    let shared_mem_bytes = ((2 * 64 + 2 * 32) * dims.head_dim * 2 + 64 * 80) as u32;
+    let grid = LaunchConfig { grid: key_blocks as u32, block: 128, shared_mem_bytes };
     crate::cuda::launch(
-        dq_kernel,
-        config(dims.seq_q),
-        (q, k, v, out, dout, &lse, &delta, &dq, sizes.0, sizes.1, sizes.2, scale_log2, scale32, c),
+        backward_kernel,
+        Grid::Config(grid),
+        (q, k, v, dout, &lse, &delta, &dk, &dv, &dq_accum, sizes.0, sizes.1, sizes.2, scale_log2, scale32, c),
     )?;
-    crate::cuda::launch(
-        dkdv_kernel,
-        config(dims.seq_k),
-        (q, k, v, dout, &lse, &delta, &dk, &dv, sizes.0, sizes.1, sizes.2, scale_log2, scale32, c),
-    )?;
+    crate::cuda::launch(table.backward_dq, Grid::stride(elements as u64 / 8), (&dq_accum, &dq, elements32, scale32))?;
     Ok(Some((dq, dk, dv)))
 }
 

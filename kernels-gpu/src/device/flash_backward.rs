@@ -1,29 +1,33 @@
-//! The fused attention backward, FlashAttention-2's equations in two kernels that recompute the
-//! probabilities from the forward's log-sum-exp instead of reading a `[seq_q, seq_k]` matrix.
+//! The fused attention backward, FlashAttention-2's: the probabilities are recomputed from the
+//! forward's log-sum-exp instead of read from a `[seq_q, seq_k]` matrix.
 //!
 //! With `P = exp(scale·q·kᵀ − lse)` (rows: queries), the output's gradient `dO` and
 //! `Δ_i = Σ_c dO_ic · O_ic`:
 //!
 //! * `dP = dO·vᵀ`, `dS = P ⊙ (dP − Δ)`;
-//! * `dQ = scale · dS·k` ([`backward_dq`]: one block per 64 queries, walking the key tiles; it
-//!   also writes `Δ` for the second kernel);
-//! * `dV = Pᵀ·dO`, `dK = scale · dSᵀ·q` ([`backward_dkdv`]: one block per 64 keys, walking the
-//!   query tiles, with `Pᵀ` and `dSᵀ` computed directly in the transposed orientation, as
-//!   `k·qᵀ` and `v·dOᵀ`).
+//! * `dV = Pᵀ·dO`, `dK = scale · dSᵀ·q`, `dQ = scale · dS·k`.
 //!
-//! Splitting the work this way costs two more products than FlashAttention-2's single kernel
-//! (`S` and `dP` are computed by both) but needs no atomic adds: every gradient element is
-//! written once, by one thread, so the result is the same on every run.
+//! Three kernels: [`backward_prep`] computes `Δ` and zeroes an f32 `dQ` accumulator;
+//! [`backward`] takes one block per 64 keys and walks the query tiles, computing `Pᵀ` and `dSᵀ`
+//! directly in the transposed orientation (as `k·qᵀ` and `v·dOᵀ`), accumulating `dK` and `dV`
+//! in registers, and adding each tile's `dS·k` to the `dQ` accumulator with atomic adds (`dS`
+//! goes through shared memory, since `dQ` sums over the block's four warps' keys);
+//! [`backward_dq_finish`] scales and rounds the accumulator into `dq`. Five products, as many
+//! as the forward's two plus the three gradients. The order of the atomic additions varies
+//! from run to run, so `dq` may differ in its last bits between runs; `dk` and `dv` do not.
 //!
-//! Both kernels use the forward's machinery (`device::flash`): 128 threads, four warps of 16
+//! The block uses the forward's machinery (`device::flash`): 128 threads, four warps of 16 key
 //! rows, swizzled shared tiles filled by `cp.async`, `ldmatrix` into `mma.sync` fragments, and
-//! the accumulator-to-`A`-fragment reuse of a product's result. A block owns a tile of 64 rows
-//! and streams the other operands in tiles of `STREAM = 32` rows, which keeps the four tiles in
-//! the 48 KiB of static shared memory at head_dim 128 and every accumulator in registers.
+//! the accumulator-to-`A`-fragment reuse of a product's result. It streams `q` and `dO` in
+//! tiles of `STREAM = 32` rows, which keeps every accumulator in registers.
 use super::element::Element;
-use super::flash::{BLOCK_Q, hidden, load_tile, owned_tile};
-use super::math::{LOG2_E, exp2_ftz, fma};
-use super::tensor_core::{MmaElement, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans, mma, pack, shared_tile};
+use super::flash::{BLOCK_Q, load_tile, owned_tile};
+use super::index::GridStride;
+use super::math::{LOG2_E, atomic_add, exp2_ftz, fma};
+use super::memory::{load_pack, store_pack};
+use super::tensor_core::{
+    MmaElement, cp_async_wait, dynamic_shared, ldmatrix_x4, ldmatrix_x4_trans, mma, pack, store_shared_u32,
+};
 use super::unroll::{Count, Unrolled, unroll};
 use super::warp::xor_shuffle;
 use core::arch::nvptx;
@@ -214,188 +218,111 @@ unsafe fn store_rows<T: MmaElement, const D: usize, const PAIRS: usize>(
     });
 }
 
-/// `dQ` for 64 queries of one head, and `Δ` for them (see the module docs). `STREAM` keys per
-/// tile: `GROUPS = STREAM / 8`, `STEPS = STREAM / 16`; `K_STEPS = D / 16`, `K_PAIRS = D / 32`;
+/// Rows of `dO ⊙ O` summed (`Δ`, the backward's per-query constant), and the `dQ` accumulator
+/// zeroed, for `rows` query rows of head size `D`: four lanes a row, 32 rows a block; `PACKS =
+/// D / 32`, the 16-byte packs of `dO` (and of `O`) a lane reads.
+///
+/// # Safety
+/// The kernel's contract (`attention_backward_prep_*`): `out` and `dout` valid for `rows·D`
+/// elements, `delta` for `rows` f32 and `dq_accum` for `rows·D` f32, all 16-byte aligned,
+/// `delta` and `dq_accum` overlapping nothing else; 128 threads per block, `ceil(rows / 32)`
+/// blocks.
+#[inline(always)]
+pub unsafe fn backward_prep<T: Element, const D: usize, const PACKS: usize>(
+    out: *const T,
+    dout: *const T,
+    delta: *mut f32,
+    dq_accum: *mut f32,
+    rows: u32,
+) where
+    Count<PACKS>: Unrolled,
+{
+    // SAFETY: reading special registers has no preconditions.
+    let (block, tid) = unsafe { (nvptx::_block_idx_x() as u32, nvptx::_thread_idx_x() as u32) };
+    let (row, t) = (block * 32 + tid / 4, tid % 4);
+    // The four lanes of a row share `valid`, and all 32 lanes reach the shuffles.
+    let valid = row < rows;
+    let mut sum = 0.0f32;
+    if valid {
+        let (first_pack, first_f32_pack) = (row as u64 * D as u64 / 8, row as u64 * D as u64 / 4);
+        unroll::<PACKS>(|i| {
+            let index = first_pack + 4 * i as u64 + t as u64;
+            // SAFETY: pack `index` is inside row `row` (< rows) of 16-byte aligned matrices.
+            let (o, d) = unsafe { (T::unpack(load_pack(out, index)), T::unpack(load_pack(dout, index))) };
+            unroll::<8>(|k| sum = fma(o[k], d[k], sum));
+        });
+        // The row's D f32 are D / 4 packs: each lane zeroes every fourth.
+        for i in 0..D as u64 / 16 {
+            // SAFETY: inside row `row` of the accumulator, which only this row's lanes write.
+            unsafe { store_pack(dq_accum, first_f32_pack + 4 * i + t as u64, [0; 4]) };
+        }
+    }
+    // SAFETY: the whole warp runs this code together.
+    unsafe {
+        sum += xor_shuffle(sum, 1);
+        sum += xor_shuffle(sum, 2);
+    }
+    if valid && t == 0 {
+        // SAFETY: row < rows; one lane per row writes it.
+        unsafe { delta.add(row as usize).write(sum) };
+    }
+}
+
+/// `dq = scale · dq_accum`, rounded to `T`, over `n` elements (`n` a multiple of 8), grid-stride
+/// in packs of 8.
+///
+/// # Safety
+/// The kernel's contract (`attention_backward_dq_*`): `dq_accum` valid for `n` f32 and `dq` for
+/// `n` elements, both 16-byte aligned, `dq` overlapping nothing else.
+#[inline(always)]
+pub unsafe fn backward_dq_finish<T: Element<Wide = [f32; 8]>>(dq_accum: *const f32, dq: *mut T, n: u32, scale: f32) {
+    for pack in GridStride::over(0, n as u64 / 8) {
+        // SAFETY: packs 2·pack and 2·pack + 1 of the accumulator and pack `pack` of `dq` are
+        // inside their `n` elements; each pack is this thread's alone.
+        unsafe {
+            let (lo, hi) = (load_pack(dq_accum, 2 * pack), load_pack(dq_accum, 2 * pack + 1));
+            let wide: [f32; 8] = core::array::from_fn(|k| {
+                let word = if k < 4 { lo[k] } else { hi[k - 4] };
+                f32::from_bits(word) * scale
+            });
+            store_pack(dq, pack, T::pack(wide));
+        }
+    }
+}
+
+/// Bytes per row of the shared `dS` tile: `STREAM` 16-bit queries and 16 bytes of padding, so
+/// that the 8 rows one `ldmatrix` (or one warp's stores) touch start in 8 different bank groups.
+const fn ds_row_bytes(stream: u32) -> u32 {
+    stream * 2 + 16
+}
+
+/// The dynamic shared memory of a backward block at head size `d`: the owned 64-row `k` and `v`
+/// tiles, the streamed 32-row `q` and `dO` tiles, and the `dSᵀ` tile (64 keys × 32 queries,
+/// padded rows).
+pub const fn backward_shared_bytes(d: u32) -> u32 {
+    (2 * OWNED + 2 * 32) * d * 2 + OWNED * ds_row_bytes(32)
+}
+
+/// `dK` and `dV` for 64 keys of one head, and their share of `dQ` (see the module docs).
+/// `STREAM` queries per tile: `GROUPS = STREAM / 8`, `STEPS = STREAM / 16`; `K_STEPS = D / 16`,
+/// `K_PAIRS = D / 32`, `DQ_PAIRS = D / 64` (the 16-column pairs of `dQ` each warp computes);
 /// `OWN_LOADS = 64·D / 8 / 128`, `STREAM_LOADS = STREAM·D / 8 / 128` copies per thread.
 ///
 /// # Safety
-/// The kernel's contract (`attention_backward_dq_*`): `q`, `out`, `dout`, `dq` valid for
-/// `heads·seq_q·D` elements, `k`, `v` for `heads·seq_k·D`, `lse` and `delta` for `heads·seq_q`
-/// f32, all 16-byte aligned; `dq` and `delta` overlap nothing else; `lse` is the forward's;
-/// 128 threads per block, `heads·ceil(seq_q / 64)` blocks.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub unsafe fn backward_dq<
-    T: MmaElement + Element,
-    const D: usize,
-    const K_STEPS: usize,
-    const K_PAIRS: usize,
-    const STREAM: usize,
-    const GROUPS: usize,
-    const STEPS: usize,
-    const OWN_LOADS: usize,
-    const STREAM_LOADS: usize,
->(
-    q: *const T,
-    k: *const T,
-    v: *const T,
-    out: *const T,
-    dout: *const T,
-    lse: *const f32,
-    delta: *mut f32,
-    dq: *mut T,
-    heads: u32,
-    seq_q: u32,
-    seq_k: u32,
-    scale_log2: f32,
-    scale: f32,
-    causal: bool,
-) where
-    Count<K_STEPS>: Unrolled,
-    Count<K_PAIRS>: Unrolled,
-    Count<GROUPS>: Unrolled,
-    Count<STEPS>: Unrolled,
-    Count<OWN_LOADS>: Unrolled,
-    Count<STREAM_LOADS>: Unrolled,
-{
-    let Some((head, q_start)) = owned_tile(seq_q, heads, causal, BLOCK_Q) else { return };
-    if seq_k == 0 {
-        return;
-    }
-    // SAFETY: reading a special register has no preconditions.
-    let tid = unsafe { nvptx::_thread_idx_x() } as u32;
-    let (warp, lane) = (tid / 32, tid % 32);
-    let (g, t) = (lane / 4, lane % 4);
-    let chunks = D as u32 / 8;
-    let lanes = Lanes::new(chunks, lane);
-    let stream = STREAM as u32;
-
-    let tiles = match D {
-        64 => shared_tile!(opsmith_flash_dq_tiles_d64, 24576),
-        _ => shared_tile!(opsmith_flash_dq_tiles_d128, 49152),
-    };
-    let own_bytes = OWNED * D as u32 * 2;
-    let stream_bytes = stream * D as u32 * 2;
-    let (q_tile, do_tile) = (tiles, tiles + own_bytes);
-    let (k_tile, v_tile) = (tiles + 2 * own_bytes, tiles + 2 * own_bytes + stream_bytes);
-
-    let rows_base = head as usize * seq_q as usize;
-    let keys_base = head as usize * seq_k as usize;
-    let (q_head, do_head) =
-        (q.wrapping_add(rows_base * D) as *const u16, dout.wrapping_add(rows_base * D) as *const u16);
-    let (k_head, v_head) = (k.wrapping_add(keys_base * D) as *const u16, v.wrapping_add(keys_base * D) as *const u16);
-
-    // SAFETY (the copies): in bounds by the contract; read only after the waits and barriers.
-    unsafe {
-        load_tile::<D, OWN_LOADS>(q_tile, q_head, q_start, seq_q, tid);
-        load_tile::<D, OWN_LOADS>(do_tile, do_head, q_start, seq_q, tid);
-        load_tile::<D, STREAM_LOADS>(k_tile, k_head, 0, seq_k, tid);
-        load_tile::<D, STREAM_LOADS>(v_tile, v_head, 0, seq_k, tid);
-    }
-
-    // While the copies run: Δ and the log-sum-exp (in log2 units) of the thread's two rows, Δ
-    // summed by the four lanes of a row over a quarter of the columns each.
-    let rows = [q_start + warp * 16 + g, q_start + warp * 16 + g + 8];
-    let mut row_delta = [0.0f32; 2];
-    let mut row_lse = [f32::INFINITY; 2];
-    unroll::<2>(|r| {
-        let row = rows[r];
-        let mut sum = 0.0f32;
-        if row < seq_q {
-            let at = (rows_base + row as usize) * D;
-            let quarter = D / 4;
-            for c in t as usize * quarter..(t as usize + 1) * quarter {
-                // SAFETY: row < seq_q, c < D.
-                let (o, d) = unsafe { (out.add(at + c).read(), dout.add(at + c).read()) };
-                sum += o.to_f32() * d.to_f32();
-            }
-            // SAFETY: row < seq_q. A row that saw no key (lse = -inf) gets P = 0 from +inf.
-            let l = unsafe { lse.add(rows_base + row as usize).read() };
-            row_lse[r] = if l == f32::NEG_INFINITY { f32::INFINITY } else { l * LOG2_E };
-        }
-        // SAFETY: the whole warp runs this code together.
-        unsafe {
-            sum += xor_shuffle(sum, 1);
-            sum += xor_shuffle(sum, 2);
-        }
-        row_delta[r] = sum;
-        if row < seq_q && t == 0 {
-            // SAFETY: row < seq_q; one lane per row writes it.
-            unsafe { delta.add(rows_base + row as usize).write(sum) };
-        }
-    });
-
-    let mut key_tiles = seq_k.div_ceil(stream);
-    if causal {
-        let last_query = (q_start + OWNED - 1).min(seq_q - 1);
-        key_tiles = key_tiles.min(last_query / stream + 1);
-    }
-    let mut acc = [[[0.0f32; 4]; 2]; K_STEPS];
-    for key_tile in 0..key_tiles {
-        let key_start = key_tile * stream;
-        cp_async_wait::<0>();
-        // SAFETY: every thread of the block reaches each barrier (block-wide conditions only).
-        unsafe { nvptx::_syncthreads() };
-
-        // SAFETY (the products): the tiles have arrived; the warp is converged.
-        let s = unsafe { product_t::<T, GROUPS, K_STEPS, K_PAIRS>(q_tile, k_tile, &lanes, warp * 16) };
-        let dp = unsafe { product_t::<T, GROUPS, K_STEPS, K_PAIRS>(do_tile, v_tile, &lanes, warp * 16) };
-        // P from the saved log-sum-exp; masked scores get P = 0 by a select (the tile test is
-        // uniform, so unmasked tiles skip the key arithmetic).
-        let masked = key_start + stream > seq_k || (causal && key_start + stream - 1 > q_start);
-        let mut ds = [[0.0f32; 4]; GROUPS];
-        unroll::<GROUPS>(|n| {
-            unroll::<4>(|e| {
-                let r = e / 2;
-                let p = exp2_ftz(fma(s[n][e], scale_log2, -row_lse[r]));
-                ds[n][e] = p * (dp[n][e] - row_delta[r]);
-            });
-        });
-        if masked {
-            unroll::<GROUPS>(|n| {
-                unroll::<4>(|e| {
-                    let key = key_start + 8 * n as u32 + 2 * t + (e as u32 & 1);
-                    ds[n][e] = if hidden(key, rows[e / 2], seq_k, causal) { 0.0 } else { ds[n][e] };
-                });
-            });
-        }
-        unroll::<STEPS>(|ks| {
-            let a = as_a::<T, GROUPS>(&ds, ks);
-            // SAFETY: the k tile has arrived; the warp is converged.
-            unsafe { accumulate::<T, K_STEPS>(&mut acc, &a, k_tile, &lanes, ks as u32) };
-        });
-
-        // SAFETY: as above. Every warp is done with this key tile.
-        unsafe { nvptx::_syncthreads() };
-        if key_tile + 1 < key_tiles {
-            // SAFETY: as for the first copies; the tiles are no longer read.
-            unsafe {
-                load_tile::<D, STREAM_LOADS>(k_tile, k_head, key_start + stream, seq_k, tid);
-                load_tile::<D, STREAM_LOADS>(v_tile, v_head, key_start + stream, seq_k, tid);
-            }
-        }
-    }
-    // SAFETY: the rows are this block's, inside the head's `dq`.
-    unsafe {
-        store_rows::<T, D, K_STEPS>(dq.wrapping_add(rows_base * D), &acc, scale, q_start + warp * 16, seq_q, lane)
-    };
-}
-
-/// `dK` and `dV` for 64 keys of one head (see the module docs). `STREAM` queries per tile:
-/// `GROUPS = STREAM / 8`, `STEPS = STREAM / 16`; the other counts as for [`backward_dq`].
-///
-/// # Safety
-/// The kernel's contract (`attention_backward_dkdv_*`): `q`, `dout` valid for `heads·seq_q·D`
+/// The kernel's contract (`attention_backward_d*`): `q`, `dout` valid for `heads·seq_q·D`
 /// elements, `k`, `v`, `dk`, `dv` for `heads·seq_k·D`, `lse` and `delta` for `heads·seq_q` f32
-/// (`delta` as [`backward_dq`] wrote it), all 16-byte aligned; `dk` and `dv` overlap nothing
-/// else; 128 threads per block, `heads·ceil(seq_k / 64)` blocks.
+/// (`delta` as [`backward_prep`] wrote it), `dq_accum` for `heads·seq_q·D` f32 (zeroed, or
+/// holding what is to be added to), all 16-byte aligned; `dk`, `dv` and `dq_accum` overlap
+/// nothing else; 128 threads per block, `heads·ceil(seq_k / 64)` blocks,
+/// [`backward_shared_bytes`]`(D)` bytes of dynamic shared memory.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub unsafe fn backward_dkdv<
+pub unsafe fn backward<
     T: MmaElement + Element,
     const D: usize,
     const K_STEPS: usize,
     const K_PAIRS: usize,
+    const DQ_PAIRS: usize,
     const STREAM: usize,
     const GROUPS: usize,
     const STEPS: usize,
@@ -410,6 +337,7 @@ pub unsafe fn backward_dkdv<
     delta: *const f32,
     dk: *mut T,
     dv: *mut T,
+    dq_accum: *mut f32,
     heads: u32,
     seq_q: u32,
     seq_k: u32,
@@ -419,6 +347,7 @@ pub unsafe fn backward_dkdv<
 ) where
     Count<K_STEPS>: Unrolled,
     Count<K_PAIRS>: Unrolled,
+    Count<DQ_PAIRS>: Unrolled,
     Count<GROUPS>: Unrolled,
     Count<STEPS>: Unrolled,
     Count<OWN_LOADS>: Unrolled,
@@ -434,14 +363,12 @@ pub unsafe fn backward_dkdv<
     let lanes = Lanes::new(chunks, lane);
     let stream = STREAM as u32;
 
-    let tiles = match D {
-        64 => shared_tile!(opsmith_flash_dkdv_tiles_d64, 24576),
-        _ => shared_tile!(opsmith_flash_dkdv_tiles_d128, 49152),
-    };
     let own_bytes = OWNED * D as u32 * 2;
     let stream_bytes = stream * D as u32 * 2;
-    let (k_tile, v_tile) = (tiles, tiles + own_bytes);
-    let (q_tile, do_tile) = (tiles + 2 * own_bytes, tiles + 2 * own_bytes + stream_bytes);
+    let (k_tile, v_tile) = (dynamic_shared(), dynamic_shared() + own_bytes);
+    let (q_tile, do_tile) = (k_tile + 2 * own_bytes, k_tile + 2 * own_bytes + stream_bytes);
+    let ds_tile = k_tile + 2 * own_bytes + 2 * stream_bytes;
+    let ds_row = ds_row_bytes(stream);
 
     let rows_base = head as usize * seq_q as usize;
     let keys_base = head as usize * seq_k as usize;
@@ -462,6 +389,20 @@ pub unsafe fn backward_dkdv<
         }
     }
     let keys = [key_start + warp * 16 + g, key_start + warp * 16 + g + 8];
+    // Rows past the last key hold zeros in the k and v tiles; their dS must still be 0 for dQ.
+    let keys_end = key_start + OWNED > seq_k;
+    // The `A` fragment of dS (queries × keys) read from the dSᵀ tile (keys × queries) with a
+    // transposing `ldmatrix`: lane `l` gives row (key) `8·(l / 16) + l % 8`, column (query)
+    // `8·(l / 8 % 2)`, so that matrix `l / 8` is the fragment's register.
+    let ds_lane = ds_tile + (8 * (lane / 16) + lane % 8) * ds_row + 16 * ((lane / 8) % 2);
+    // The `k` fragments of dQ's product: the k tile read with `k` (keys) along the rows, at this
+    // warp's column pairs, whose swizzle depends on the warp (so `Lanes::at_pair`'s table,
+    // indexed by it, would land in local memory): chunk `(2p + lane / 16) ^ (lane % 8)`.
+    let dq_b: [u32; DQ_PAIRS] = core::array::from_fn(|j| {
+        let pair = warp * DQ_PAIRS as u32 + j as u32;
+        k_tile + lanes.row16 + 16 * ((2 * pair + lane / 16) ^ (lane % 8))
+    });
+    let dq_head = dq_accum.wrapping_add(rows_base * D);
     let (mut dk_acc, mut dv_acc) = ([[[0.0f32; 4]; 2]; K_STEPS], [[[0.0f32; 4]; 2]; K_STEPS]);
     for query_tile in first..query_tiles {
         let q0 = query_tile * stream;
@@ -473,7 +414,7 @@ pub unsafe fn backward_dkdv<
         // SAFETY (the products): the tiles have arrived; the warp is converged.
         let st = unsafe { product_t::<T, GROUPS, K_STEPS, K_PAIRS>(k_tile, q_tile, &lanes, warp * 16) };
         let dpt = unsafe { product_t::<T, GROUPS, K_STEPS, K_PAIRS>(v_tile, do_tile, &lanes, warp * 16) };
-        let masked = q0 + stream > seq_q || (causal && key_start + OWNED - 1 > q0);
+        let masked = keys_end || q0 + stream > seq_q || (causal && key_start + OWNED - 1 > q0);
         let (mut pt, mut dst) = ([[0.0f32; 4]; GROUPS], [[0.0f32; 4]; GROUPS]);
         unroll::<GROUPS>(|n| {
             unroll::<2>(|c| {
@@ -491,7 +432,7 @@ pub unsafe fn backward_dkdv<
                 };
                 unroll::<2>(|r| {
                     let e = 2 * r + c;
-                    let hidden = masked && (query >= seq_q || (causal && keys[r] > query));
+                    let hidden = masked && (query >= seq_q || keys[r] >= seq_k || (causal && keys[r] > query));
                     let p = if hidden { 0.0 } else { exp2_ftz(st[n][e] * scale_log2 - l) };
                     pt[n][e] = p;
                     dst[n][e] = p * (dpt[n][e] - d);
@@ -506,8 +447,17 @@ pub unsafe fn backward_dkdv<
                 accumulate::<T, K_STEPS>(&mut dk_acc, &ds, q_tile, &lanes, ks as u32);
             }
         });
+        // dSᵀ to shared memory (the warp's 16 key rows), for dQ, which sums over all 64 keys.
+        unroll::<GROUPS>(|n| {
+            unroll::<2>(|r| {
+                let address = ds_tile + (warp * 16 + g + 8 * r as u32) * ds_row + (8 * n as u32 + 2 * t) * 2;
+                // SAFETY: inside the dS tile, at this thread's own two values; read after the
+                // barrier below, and the previous tile's reads ended at this tile's first one.
+                unsafe { store_shared_u32(address, pack::<T>(dst[n][2 * r], dst[n][2 * r + 1])) };
+            });
+        });
 
-        // SAFETY: as above. Every warp is done with this query tile.
+        // SAFETY: as above. Every warp is done with the q and dO tiles, and dS is whole.
         unsafe { nvptx::_syncthreads() };
         if query_tile + 1 < query_tiles {
             // SAFETY: as for the first copies; the tiles are no longer read.
@@ -516,6 +466,43 @@ pub unsafe fn backward_dkdv<
                 load_tile::<D, STREAM_LOADS>(do_tile, do_head, q0 + stream, seq_q, tid);
             }
         }
+
+        // dQ += dS·k for the tile's queries (two 16-row tiles), this warp's D / 4 columns
+        // (16-column pairs `DQ_PAIRS·warp ..`), summed over the block's 64 keys.
+        let mut dq = [[[[0.0f32; 4]; 2]; DQ_PAIRS]; 2];
+        unroll::<{ OWNED as usize / 16 }>(|ks| {
+            // SAFETY: the dS tile is whole (barrier above) and the k tile never changes; the
+            // warp is converged.
+            unsafe {
+                let a: [[u32; 4]; 2] =
+                    core::array::from_fn(|m| ldmatrix_x4_trans(ds_lane + 16 * ks as u32 * ds_row + 32 * m as u32));
+                unroll::<DQ_PAIRS>(|j| {
+                    let b = ldmatrix_x4_trans(dq_b[j] + 16 * ks as u32 * lanes.row_bytes);
+                    unroll::<2>(|m| {
+                        mma::<T>(&mut dq[m][j][0], &a[m], [b[0], b[1]]);
+                        mma::<T>(&mut dq[m][j][1], &a[m], [b[2], b[3]]);
+                    });
+                });
+            }
+        });
+        unroll::<2>(|m| {
+            unroll::<2>(|r| {
+                let query = q0 + 16 * m as u32 + g + 8 * r as u32;
+                if query < seq_q {
+                    unroll::<DQ_PAIRS>(|j| {
+                        unroll::<2>(|h| {
+                            let col = 16 * (warp * DQ_PAIRS as u32 + j as u32) + 8 * h as u32 + 2 * t;
+                            let at = dq_head.wrapping_add(query as usize * D + col as usize);
+                            // SAFETY: query < seq_q and col + 1 < D: inside this head's rows.
+                            unsafe {
+                                atomic_add(at, dq[m][j][h][2 * r]);
+                                atomic_add(at.wrapping_add(1), dq[m][j][h][2 * r + 1]);
+                            }
+                        });
+                    });
+                }
+            });
+        });
     }
     let first_key = key_start + warp * 16;
     // SAFETY: the rows are this block's, inside the head's `dk` and `dv`.

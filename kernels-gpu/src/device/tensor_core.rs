@@ -124,6 +124,19 @@ pub unsafe fn ldmatrix_x4_trans(row_address: u32) -> [u32; 4] {
     r
 }
 
+/// Stores one 32-bit word at a shared-memory offset (two packed 16-bit values, say).
+///
+/// # Safety
+/// `address` is a 4-byte aligned offset into this block's shared memory that no other thread
+/// reads or writes until a barrier.
+#[inline(always)]
+pub unsafe fn store_shared_u32(address: u32, value: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("st.shared.u32 [{0}], {1};", in(reg32) address, in(reg32) value, options(nostack, preserves_flags))
+    }
+}
+
 /// Starts copying 16 bytes from global `source` to shared offset `target`, of which the first
 /// `valid` bytes (16 or 0) are read and the rest are zero-filled, so a row past the end of the
 /// input arrives as zeros. It bypasses L1 (`.cg`): each tile is read once per block.
