@@ -432,13 +432,25 @@ pub unsafe fn backward<
                 };
                 unroll::<2>(|r| {
                     let e = 2 * r + c;
-                    let hidden = masked && (query >= seq_q || keys[r] >= seq_k || (causal && keys[r] > query));
-                    let p = if hidden { 0.0 } else { exp2_ftz(st[n][e] * scale_log2 - l) };
+                    let p = exp2_ftz(fma(st[n][e], scale_log2, -l));
                     pt[n][e] = p;
                     dst[n][e] = p * (dpt[n][e] - d);
                 });
             });
         });
+        // Masked scores get P = dS = 0 by selects; the tile test is uniform, so unmasked tiles
+        // skip the key arithmetic.
+        if masked {
+            unroll::<GROUPS>(|n| {
+                unroll::<4>(|e| {
+                    let query = q0 + 8 * n as u32 + 2 * t + (e as u32 & 1);
+                    let key = keys[e / 2];
+                    let hidden = (query >= seq_q) | (key >= seq_k) | (causal & (key > query));
+                    pt[n][e] = if hidden { 0.0 } else { pt[n][e] };
+                    dst[n][e] = if hidden { 0.0 } else { dst[n][e] };
+                });
+            });
+        }
         unroll::<STEPS>(|ks| {
             let (p, ds) = (as_a::<T, GROUPS>(&pt, ks), as_a::<T, GROUPS>(&dst, ks));
             // SAFETY: the q and dO tiles have arrived; the warp is converged.
