@@ -256,10 +256,11 @@ struct Composed {
 /// `dS = scale · P ⊙ (dP − rowsum(dout ⊙ out))`, `dq = dS·k`, `dk = dSᵀ·q` (FlashAttention-2's
 /// equations).
 ///
-/// Where the fused forward serves the call (see [`attention_is_fused`]), two fused kernels
-/// compute them from `out` and `lse` without a `[seq_q, seq_k]` matrix in memory: one for `dq`
-/// (a block per 64 queries) and one for `dk` and `dv` (a block per 64 keys); no atomics, so the
-/// result is the same on every run. Elsewhere the composed path recomputes `P`
+/// Where the fused forward serves the call (see [`attention_is_fused`]), fused kernels compute
+/// them from `out` and `lse` without a `[seq_q, seq_k]` matrix in memory, FlashAttention-2's way:
+/// one block per 64 keys computes that tile's `dk` and `dv` and adds its share of `dq` to an f32
+/// accumulator with atomic adds. The order of those adds varies, so `dq` may differ in its last
+/// bits between runs (as with PyTorch's flash backend); `dk` and `dv` are the same on every run. Elsewhere the composed path recomputes `P`
 /// ([`attention_weights`]) and uses batched products and [`softmax_backward`](super::softmax_backward);
 /// it does not read `out` and `lse`, but checks them all the same.
 ///
@@ -394,9 +395,9 @@ fn fused_backward(
     let c = causal as u32;
     let prep_grid = LaunchConfig { grid: rows.div_ceil(32) as u32, block: 128, shared_mem_bytes: 0 };
     crate::cuda::launch(prep_kernel, Grid::Config(prep_grid), (out, dout, &delta, &dq_accum, rows as u32))?;
-    // Shared memory: 64-row k and v tiles, 32-row q and dO tiles (2-byte elements), and the
-    // 64 × 32 dSᵀ tile in rows padded to 80 bytes (`device::flash_backward`).
-    let shared_mem_bytes = ((2 * 64 + 2 * 32) * dims.head_dim * 2 + 64 * 80) as u32;
+    // Shared memory: 64-row k and v tiles, two buffers of 32-row q and dO tiles (2-byte
+    // elements), and the 64 × 32 dSᵀ tile in rows padded to 80 bytes (`device::flash_backward`).
+    let shared_mem_bytes = ((2 * 64 + 4 * 32) * dims.head_dim * 2 + 64 * 80) as u32;
     let grid = LaunchConfig { grid: key_blocks as u32, block: 128, shared_mem_bytes };
     crate::cuda::launch(
         backward_kernel,

@@ -297,10 +297,10 @@ const fn ds_row_bytes(stream: u32) -> u32 {
 }
 
 /// The dynamic shared memory of a backward block at head size `d`: the owned 64-row `k` and `v`
-/// tiles, the streamed 32-row `q` and `dO` tiles, and the `dSᵀ` tile (64 keys × 32 queries,
-/// padded rows).
+/// tiles, two buffers of the streamed 32-row `q` and `dO` tiles, and the `dSᵀ` tile (64 keys ×
+/// 32 queries, padded rows).
 pub const fn backward_shared_bytes(d: u32) -> u32 {
-    (2 * OWNED + 2 * 32) * d * 2 + OWNED * ds_row_bytes(32)
+    (2 * OWNED + 4 * 32) * d * 2 + OWNED * ds_row_bytes(32)
 }
 
 /// `dK` and `dV` for 64 keys of one head, and their share of `dQ` (see the module docs).
@@ -366,8 +366,10 @@ pub unsafe fn backward<
     let own_bytes = OWNED * D as u32 * 2;
     let stream_bytes = stream * D as u32 * 2;
     let (k_tile, v_tile) = (dynamic_shared(), dynamic_shared() + own_bytes);
-    let (q_tile, do_tile) = (k_tile + 2 * own_bytes, k_tile + 2 * own_bytes + stream_bytes);
-    let ds_tile = k_tile + 2 * own_bytes + 2 * stream_bytes;
+    // Two buffers of q and dO tiles: the next tile's copy runs during the whole of this one.
+    let streamed = k_tile + 2 * own_bytes;
+    let buffer = |query_tile: u32| streamed + (query_tile & 1) * 2 * stream_bytes;
+    let ds_tile = streamed + 4 * stream_bytes;
     let ds_row = ds_row_bytes(stream);
 
     let rows_base = head as usize * seq_q as usize;
@@ -384,8 +386,9 @@ pub unsafe fn backward<
         load_tile::<D, OWN_LOADS>(k_tile, k_head, key_start, seq_k, tid);
         load_tile::<D, OWN_LOADS>(v_tile, v_head, key_start, seq_k, tid);
         if first < query_tiles {
+            let q_tile = buffer(first);
             load_tile::<D, STREAM_LOADS>(q_tile, q_head, first * stream, seq_q, tid);
-            load_tile::<D, STREAM_LOADS>(do_tile, do_head, first * stream, seq_q, tid);
+            load_tile::<D, STREAM_LOADS>(q_tile + stream_bytes, do_head, first * stream, seq_q, tid);
         }
     }
     let keys = [key_start + warp * 16 + g, key_start + warp * 16 + g + 8];
@@ -406,9 +409,19 @@ pub unsafe fn backward<
     let (mut dk_acc, mut dv_acc) = ([[[0.0f32; 4]; 2]; K_STEPS], [[[0.0f32; 4]; 2]; K_STEPS]);
     for query_tile in first..query_tiles {
         let q0 = query_tile * stream;
+        let (q_tile, do_tile) = (buffer(query_tile), buffer(query_tile) + stream_bytes);
         cp_async_wait::<0>();
         // SAFETY: every thread of the block reaches each barrier (block-wide conditions only).
         unsafe { nvptx::_syncthreads() };
+        // Every warp is done with the previous tile, whose buffer the next one takes.
+        if query_tile + 1 < query_tiles {
+            let next = buffer(query_tile + 1);
+            // SAFETY: as for the first copies; that buffer is no longer read.
+            unsafe {
+                load_tile::<D, STREAM_LOADS>(next, q_head, q0 + stream, seq_q, tid);
+                load_tile::<D, STREAM_LOADS>(next + stream_bytes, do_head, q0 + stream, seq_q, tid);
+            }
+        }
 
         // Sᵀ = k·qᵀ and dPᵀ = v·dOᵀ for the warp's 16 keys against the tile's queries.
         // SAFETY (the products): the tiles have arrived; the warp is converged.
@@ -469,15 +482,8 @@ pub unsafe fn backward<
             });
         });
 
-        // SAFETY: as above. Every warp is done with the q and dO tiles, and dS is whole.
+        // SAFETY: as above. dS is whole.
         unsafe { nvptx::_syncthreads() };
-        if query_tile + 1 < query_tiles {
-            // SAFETY: as for the first copies; the tiles are no longer read.
-            unsafe {
-                load_tile::<D, STREAM_LOADS>(q_tile, q_head, q0 + stream, seq_q, tid);
-                load_tile::<D, STREAM_LOADS>(do_tile, do_head, q0 + stream, seq_q, tid);
-            }
-        }
 
         // dQ += dS·k for the tile's queries (two 16-row tiles), this warp's D / 4 columns
         // (16-column pairs `DQ_PAIRS·warp ..`), summed over the block's 64 keys.
