@@ -19,7 +19,8 @@
 //! The block uses the forward's machinery (`device::flash`): 128 threads, four warps of 16 key
 //! rows, swizzled shared tiles filled by `cp.async`, `ldmatrix` into `mma.sync` fragments, and
 //! the accumulator-to-`A`-fragment reuse of a product's result. It streams `q` and `dO` in
-//! tiles of `STREAM = 32` rows, which keeps every accumulator in registers.
+//! tiles of `STREAM = 32` rows, which keeps every accumulator in registers, through two shared
+//! buffers: the next tile's copy runs while the block works on the current one.
 use super::element::Element;
 use super::flash::{BLOCK_Q, load_tile, owned_tile};
 use super::index::GridStride;
