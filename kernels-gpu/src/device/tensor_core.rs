@@ -132,9 +132,7 @@ pub unsafe fn ldmatrix_x4_trans(row_address: u32) -> [u32; 4] {
 #[inline(always)]
 pub unsafe fn store_shared_u32(address: u32, value: u32) {
     // SAFETY: the caller's contract.
-    unsafe {
-        asm!("st.shared.u32 [{0}], {1};", in(reg32) address, in(reg32) value, options(nostack, preserves_flags))
-    }
+    unsafe { asm!("st.shared.u32 [{0}], {1};", in(reg32) address, in(reg32) value, options(nostack, preserves_flags)) }
 }
 
 /// Starts copying 16 bytes from global `source` to shared offset `target`, of which the first
