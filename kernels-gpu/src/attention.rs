@@ -8,7 +8,7 @@
 //! each tile's maximum grows, and the `[seq_q, seq_k]` matrix never exists in memory. Beside
 //! `out` the kernel writes each query's log-sum-exp (natural log, f32), from which the backward
 //! recomputes the probabilities: `prep` (`Δ`, a zeroed f32 `dQ` accumulator), `backward` (one
-//! block per 64 keys: `dK`, `dV`, and `dQ` by atomic adds) and `dq` (the accumulator rounded);
+//! block per 128 keys: `dK`, `dV`, and `dQ` by atomic adds) and `dq` (the accumulator rounded);
 //! see `device::flash_backward`.
 //!
 //! The products run on `mma.sync.m16n8k16` (f32 accumulators), fed by `ldmatrix` from shared
@@ -56,8 +56,8 @@ macro_rules! attention_family {
         // The head size, its packs of 8 per lane of four (`D / 32`); its k steps and pairs, its
         // 16-column pairs of dQ per warp; the streamed tile's rows, 8-row groups and 16-row
         // steps; copies per thread of an owned (64-row) and a streamed tile; shared bytes.
-        attention_family!(@backward $prep64, $b64, $elem, 64, 2, 4, 2, 1, 32, 4, 2, 4, 2, 37888);
-        attention_family!(@backward $prep128, $b128, $elem, 128, 4, 8, 4, 2, 32, 4, 2, 8, 4, 70656);
+        attention_family!(@backward $prep64, $b64, $elem, 64, 2, 4, 2, 1, 32, 4, 2, 4, 1, 59392);
+        attention_family!(@backward $prep128, $b128, $elem, 128, 4, 8, 4, 2, 32, 4, 2, 8, 2, 108544);
         attention_family!(@dq $dq, $elem);
 
         // The head size, its unroll counts D / 16, D / 32, D / 16, the 16-row tiles of a warp
@@ -107,13 +107,13 @@ macro_rules! attention_family {
             /// between runs). `lse` is the forward's (natural log), `delta` the `prep` kernel's;
             /// `scale_log2 = scale · log2(e)`.
             ///
-            #[doc = concat!("Launch with 128 threads per block, `heads · ceil(seq_k / 64)` blocks and ", stringify!($shared), " bytes of dynamic shared memory.")]
+            #[doc = concat!("Launch with 256 threads per block, `heads · ceil(seq_k / 128)` blocks and ", stringify!($shared), " bytes of dynamic shared memory.")]
             ///
             /// # Safety
             /// `q` and `dout` are valid for `heads · seq_q · D` elements, `k`, `v`, `dk` and `dv`
             /// for `heads · seq_k · D`, `lse` and `delta` for `heads · seq_q` f32, `dq_accum` for
             /// `heads · seq_q · D` f32; every buffer is 16-byte aligned; `dk`, `dv` and
-            /// `dq_accum` overlap nothing else. 128 threads per block.
+            /// `dq_accum` overlap nothing else. 256 threads per block.
             pub unsafe fn $backward(
                 q: *const [$elem; heads * seq_q * $d],
                 k: *const [$elem; heads * seq_k * $d],

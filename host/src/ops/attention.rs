@@ -258,7 +258,7 @@ struct Composed {
 ///
 /// Where the fused forward serves the call (see [`attention_is_fused`]), fused kernels compute
 /// them from `out` and `lse` without a `[seq_q, seq_k]` matrix in memory, FlashAttention-2's way:
-/// one block per 64 keys computes that tile's `dk` and `dv` and adds its share of `dq` to an f32
+/// one block per 128 keys computes that tile's `dk` and `dv` and adds its share of `dq` to an f32
 /// accumulator with atomic adds. The order of those adds varies, so `dq` may differ in its last
 /// bits between runs (as with PyTorch's flash backend); `dk` and `dv` are the same on every run. Elsewhere the composed path recomputes `P`
 /// ([`attention_weights`]) and uses batched products and [`softmax_backward`](super::softmax_backward);
@@ -385,7 +385,7 @@ fn fused_backward(
     let elements = rows * dims.head_dim;
     // The kernels index `dq`'s elements in u32, and the key grid must fit: past either, the
     // composed path.
-    let key_blocks = heads.saturating_mul(dims.seq_k.div_ceil(64));
+    let key_blocks = heads.saturating_mul(dims.seq_k.div_ceil(128));
     let (Ok(elements32), true) = (u32::try_from(elements), key_blocks <= i32::MAX as usize) else { return Ok(None) };
     let delta = Tensor::empty([rows], DType::F32, q.device())?;
     let dq_accum = Tensor::empty([elements], DType::F32, q.device())?;
@@ -395,10 +395,11 @@ fn fused_backward(
     let c = causal as u32;
     let prep_grid = LaunchConfig { grid: rows.div_ceil(32) as u32, block: 128, shared_mem_bytes: 0 };
     crate::cuda::launch(prep_kernel, Grid::Config(prep_grid), (out, dout, &delta, &dq_accum, rows as u32))?;
-    // Shared memory: 64-row k and v tiles, two buffers of 32-row q and dO tiles (2-byte
-    // elements), and the 64 × 32 dSᵀ tile in rows padded to 80 bytes (`device::flash_backward`).
-    let shared_mem_bytes = ((2 * 64 + 4 * 32) * dims.head_dim * 2 + 64 * 80) as u32;
-    let grid = LaunchConfig { grid: key_blocks as u32, block: 128, shared_mem_bytes };
+    // A block per 128 keys, 256 threads. Shared memory: 128-row k and v tiles, two buffers of
+    // 32-row q and dO tiles (2-byte elements), and the 128 × 32 dSᵀ tile in rows padded to 80
+    // bytes (`device::flash_backward`).
+    let shared_mem_bytes = ((2 * 128 + 4 * 32) * dims.head_dim * 2 + 128 * 80) as u32;
+    let grid = LaunchConfig { grid: key_blocks as u32, block: 256, shared_mem_bytes };
     crate::cuda::launch(
         backward_kernel,
         Grid::Config(grid),

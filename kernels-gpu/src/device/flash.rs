@@ -36,8 +36,6 @@ use super::unroll::{Count, Unrolled, unroll};
 use super::warp::xor_shuffle;
 use core::arch::nvptx;
 
-/// Rows of the tile a backward block owns (16 per warp).
-pub const BLOCK_Q: u32 = 64;
 /// Query rows of one 16-row `mma` tile; a forward warp owns `ROWS` of them (1 or 2) and a
 /// forward block `4·ROWS`.
 pub const ROW_TILE: u32 = 16;
@@ -66,7 +64,7 @@ pub(super) fn hidden(key: u32, row: u32, seq_k: u32, causal: bool) -> bool {
 /// `%tid.x` through an asm statement that LLVM does not merge with other reads, so that values
 /// derived from it are computed again where used instead of kept in registers across a loop.
 #[inline(always)]
-fn thread_index_uncached() -> u32 {
+pub(super) fn thread_index_uncached() -> u32 {
     let tid: u32;
     // SAFETY: reads a special register; touches no memory. Not `pure`, so it is not merged.
     unsafe { core::arch::asm!("mov.u32 {t}, %tid.x;", t = out(reg32) tid, options(nomem, nostack, preserves_flags)) };
@@ -90,14 +88,14 @@ pub(super) fn owned_tile(rows: u32, heads: u32, last_first: bool, tile: u32) -> 
 }
 
 /// Starts the copy of rows `first..first + R` of a `[rows, D]` matrix into a swizzled tile of
-/// `R = LOADS · THREADS · 8 / D` rows (`LOADS` 16-byte chunks per thread), as one commit group;
-/// rows past `rows` are zero-filled.
+/// `R = LOADS · BLOCK · 8 / D` rows (`LOADS` 16-byte chunks per thread of a `BLOCK`-thread
+/// block), as one commit group; rows past `rows` are zero-filled.
 ///
 /// # Safety
 /// `matrix` is valid for `rows·D` 16-byte aligned elements; the tile holds `R·D` elements and
 /// nothing reads it until a wait and a barrier.
 #[inline(always)]
-pub(super) unsafe fn load_tile<const D: usize, const LOADS: usize>(
+pub(super) unsafe fn load_tile<const D: usize, const LOADS: usize, const BLOCK: u32>(
     tile: u32,
     matrix: *const u16,
     first: u32,
@@ -108,7 +106,7 @@ pub(super) unsafe fn load_tile<const D: usize, const LOADS: usize>(
 {
     let chunks = D as u32 / 8;
     unroll::<LOADS>(|i| {
-        let c = tid + THREADS * i as u32;
+        let c = tid + BLOCK * i as u32;
         let (r, chunk) = (c / chunks, c % chunks);
         let row = first + r;
         let valid = row < rows;
@@ -200,10 +198,10 @@ pub unsafe fn forward<
     unsafe {
         unroll::<ROWS>(|m| {
             let rows_in = BLOCK_K * m as u32;
-            load_tile::<D, LOADS>(q_tile + m as u32 * tile_bytes, q_head, q_start + rows_in, seq_q, tid);
+            load_tile::<D, LOADS, THREADS>(q_tile + m as u32 * tile_bytes, q_head, q_start + rows_in, seq_q, tid);
         });
-        load_tile::<D, LOADS>(k_tile, k_head, 0, seq_k, tid);
-        load_tile::<D, LOADS>(v_tile, v_head, 0, seq_k, tid);
+        load_tile::<D, LOADS, THREADS>(k_tile, k_head, 0, seq_k, tid);
+        load_tile::<D, LOADS, THREADS>(v_tile, v_head, 0, seq_k, tid);
     }
     cp_async_wait::<1>();
     // SAFETY: every thread of the block reaches each barrier of this function (the branches
@@ -286,7 +284,7 @@ pub unsafe fn forward<
         let more = key_tile + 1 < key_tiles;
         if more {
             // SAFETY: as for the first copies; the k tile is no longer read.
-            unsafe { load_tile::<D, LOADS>(k_tile, k_head, key_start + BLOCK_K, seq_k, tid) };
+            unsafe { load_tile::<D, LOADS, THREADS>(k_tile, k_head, key_start + BLOCK_K, seq_k, tid) };
         }
 
         // 2. Mask and scale. Only tiles that cross the end of the keys or the diagonal mask; the
@@ -375,7 +373,7 @@ pub unsafe fn forward<
         unsafe { nvptx::_syncthreads() };
         if more {
             // SAFETY: as for the first copies; the v tile is no longer read.
-            unsafe { load_tile::<D, LOADS>(v_tile, v_head, key_start + BLOCK_K, seq_k, tid) };
+            unsafe { load_tile::<D, LOADS, THREADS>(v_tile, v_head, key_start + BLOCK_K, seq_k, tid) };
             // The next k tile, copied during steps 3 and 4, must have arrived.
             cp_async_wait::<1>();
             // SAFETY: as for the first barrier.

@@ -8,21 +8,21 @@
 //! * `dV = Pᵀ·dO`, `dK = scale · dSᵀ·q`, `dQ = scale · dS·k`.
 //!
 //! Three kernels: [`backward_prep`] computes `Δ` and zeroes an f32 `dQ` accumulator;
-//! [`backward`] takes one block per 64 keys and walks the query tiles, computing `Pᵀ` and `dSᵀ`
+//! [`backward`] takes one block per 128 keys and walks the query tiles, computing `Pᵀ` and `dSᵀ`
 //! directly in the transposed orientation (as `k·qᵀ` and `v·dOᵀ`), accumulating `dK` and `dV`
 //! in registers, and adding each tile's `dS·k` to the `dQ` accumulator with atomic adds (`dS`
-//! goes through shared memory, since `dQ` sums over the block's four warps' keys);
+//! goes through shared memory, since `dQ` sums over the block's eight warps' keys);
 //! [`backward_dq_finish`] scales and rounds the accumulator into `dq`. Five products, as many
 //! as the forward's two plus the three gradients. The order of the atomic additions varies
 //! from run to run, so `dq` may differ in its last bits between runs; `dk` and `dv` do not.
 //!
-//! The block uses the forward's machinery (`device::flash`): 128 threads, four warps of 16 key
+//! The block uses the forward's machinery (`device::flash`): 256 threads, eight warps of 16 key
 //! rows, swizzled shared tiles filled by `cp.async`, `ldmatrix` into `mma.sync` fragments, and
 //! the accumulator-to-`A`-fragment reuse of a product's result. It streams `q` and `dO` in
 //! tiles of `STREAM = 32` rows, which keeps every accumulator in registers, through two shared
 //! buffers: the next tile's copy runs while the block works on the current one.
 use super::element::Element;
-use super::flash::{BLOCK_Q, load_tile, owned_tile};
+use super::flash::{load_tile, owned_tile, thread_index_uncached};
 use super::index::GridStride;
 use super::math::{LOG2_E, atomic_add, exp2_ftz, fma};
 use super::memory::{load_pack, store_pack};
@@ -33,8 +33,14 @@ use super::unroll::{Count, Unrolled, unroll};
 use super::warp::xor_shuffle;
 use core::arch::nvptx;
 
-/// Rows of the tile a block owns (16 per warp).
-const OWNED: u32 = 64;
+/// Warps of a block.
+const WARPS: u32 = 8;
+/// Threads of a block.
+const THREADS: u32 = 32 * WARPS;
+/// Keys a block owns (16 per warp). 128 rather than 64: each block adds its share of `dQ` once
+/// per query tile, and those atomic adds, not the products, bounded the 64-key form (H100: about
+/// 2·10^11 f32 adds a second at both head sizes).
+const OWNED: u32 = 16 * WARPS;
 
 /// A lane's share of every `ldmatrix` address in a swizzled tile of `chunks` 16-byte chunks per
 /// row, precomputed so that each load's address is a tile base plus a lane register plus a
@@ -53,10 +59,12 @@ struct Lanes {
     row16: u32,
     /// The same for an 8-row one: `lane % 8`.
     row8: u32,
-    /// Chunk offsets (bytes) of a load at chunk `2J + lane / 16`, by `J % 4`.
-    pair: [u32; 4],
-    /// Chunk offsets (bytes) of a load at chunk `4J + lane / 8`, by `J % 2`.
-    quad: [u32; 2],
+    /// The chunk offset (bytes) of a load at chunk `lane / 16`; one at chunk `2J + lane / 16`
+    /// is this XOR `32·(J % 4)`.
+    pair: u32,
+    /// The chunk offset (bytes) of a load at chunk `lane / 8 % 4`; one at chunk
+    /// `4J + lane / 8 % 4` is this XOR `64·(J % 2)`.
+    quad: u32,
 }
 
 impl Lanes {
@@ -69,15 +77,15 @@ impl Lanes {
             row_bytes,
             row16: (r + 8 * ((lane / 8) % 2)) * row_bytes,
             row8: r * row_bytes,
-            pair: core::array::from_fn(|j| 16 * (2 * (j as u32 ^ (r >> 1)) + (lo2 ^ (r & 1)))),
-            quad: core::array::from_fn(|j| 16 * (4 * (j as u32 ^ (r >> 2)) + (lo4 ^ (r & 3)))),
+            pair: 16 * (2 * (r >> 1) + (lo2 ^ (r & 1))),
+            quad: 16 * (4 * (r >> 2) + (lo4 ^ (r & 3))),
         }
     }
 
     /// The address of chunk `2J + lane / 16` in the lane's row of a 16-row load at `row0`.
     #[inline(always)]
     fn at_pair(&self, tile: u32, row0: u32, j: u32) -> u32 {
-        tile + self.row16 + self.pair[(j % 4) as usize] + row0 * self.row_bytes + 32 * (j & !3)
+        tile + self.row16 + (self.pair ^ (32 * (j % 4))) + row0 * self.row_bytes + 32 * (j & !3)
     }
 }
 
@@ -98,7 +106,7 @@ unsafe fn a_fragment(tile: u32, lanes: &Lanes, row0: u32, kk: u32) -> [u32; 4] {
 /// As for [`a_fragment`].
 #[inline(always)]
 unsafe fn b_rows_n(tile: u32, lanes: &Lanes, n: u32, kp: u32) -> [u32; 4] {
-    let address = tile + lanes.row8 + lanes.quad[(kp % 2) as usize] + 8 * n * lanes.row_bytes + 64 * (kp & !1);
+    let address = tile + lanes.row8 + (lanes.quad ^ (64 * (kp % 2))) + 8 * n * lanes.row_bytes + 64 * (kp & !1);
     // SAFETY: the caller's contract.
     unsafe { ldmatrix_x4(address) }
 }
@@ -297,24 +305,49 @@ const fn ds_row_bytes(stream: u32) -> u32 {
     stream * 2 + 16
 }
 
-/// The dynamic shared memory of a backward block at head size `d`: the owned 64-row `k` and `v`
-/// tiles, two buffers of the streamed 32-row `q` and `dO` tiles, and the `dSᵀ` tile (64 keys ×
-/// 32 queries, padded rows).
+/// The dynamic shared memory of a backward block at head size `d`: the owned 128-row `k` and
+/// `v` tiles, two buffers of the streamed 32-row `q` and `dO` tiles, and the `dSᵀ` tile (128
+/// keys × 32 queries, padded rows).
 pub const fn backward_shared_bytes(d: u32) -> u32 {
     (2 * OWNED + 4 * 32) * d * 2 + OWNED * ds_row_bytes(32)
 }
 
-/// `dK` and `dV` for 64 keys of one head, and their share of `dQ` (see the module docs).
+/// This lane's `ldmatrix` addresses for `dQ = dS·k` in a block of eight warps: warp `w` takes
+/// the 16 queries `16·(w / 4)..` and the 16-column pairs `DQ_PAIRS·(w % 4)..` of `D`.
+///
+/// * The `A` fragment of dS (queries × keys), read from the dSᵀ tile (keys × queries, rows of
+///   `ds_row` bytes) with a transposing `ldmatrix`: lane `l` gives row (key) `8·(l / 16) + l % 8`,
+///   column (query) `16·(w / 4) + 8·(l / 8 % 2)`, so that matrix `l / 8` is the fragment's
+///   register.
+/// * The `B` fragments: the k tile read with `k` (keys) along its rows, at the warp's column
+///   pairs `p`: chunk `(2p + l / 16) ^ (l % 8)`. (`Lanes::at_pair`'s table, indexed by a
+///   warp-dependent pair, would land in local memory.)
+///
+/// From `%tid.x` read again where used: kept across the query loop, these registers made
+/// ptxas spill at head_dim 128.
+#[inline(always)]
+fn dq_addresses<const DQ_PAIRS: usize>(ds_tile: u32, ds_row: u32, k_tile: u32, lanes: &Lanes) -> (u32, [u32; DQ_PAIRS]) {
+    let tid = thread_index_uncached();
+    let (warp, lane) = (tid / 32, tid % 32);
+    let ds_lane = ds_tile + (8 * (lane / 16) + lane % 8) * ds_row + 32 * (warp / 4) + 16 * ((lane / 8) % 2);
+    let b = core::array::from_fn(|j| {
+        let pair = (warp % 4) * DQ_PAIRS as u32 + j as u32;
+        k_tile + lanes.row16 + 16 * ((2 * pair + lane / 16) ^ (lane % 8))
+    });
+    (ds_lane, b)
+}
+
+/// `dK` and `dV` for 128 keys of one head, and their share of `dQ` (see the module docs).
 /// `STREAM` queries per tile: `GROUPS = STREAM / 8`, `STEPS = STREAM / 16`; `K_STEPS = D / 16`,
 /// `K_PAIRS = D / 32`, `DQ_PAIRS = D / 64` (the 16-column pairs of `dQ` each warp computes);
-/// `OWN_LOADS = 64·D / 8 / 128`, `STREAM_LOADS = STREAM·D / 8 / 128` copies per thread.
+/// `OWN_LOADS = 128·D / 8 / 256`, `STREAM_LOADS = STREAM·D / 8 / 256` copies per thread.
 ///
 /// # Safety
 /// The kernel's contract (`attention_backward_d*`): `q`, `dout` valid for `heads·seq_q·D`
 /// elements, `k`, `v`, `dk`, `dv` for `heads·seq_k·D`, `lse` and `delta` for `heads·seq_q` f32
 /// (`delta` as [`backward_prep`] wrote it), `dq_accum` for `heads·seq_q·D` f32 (zeroed, or
 /// holding what is to be added to), all 16-byte aligned; `dk`, `dv` and `dq_accum` overlap
-/// nothing else; 128 threads per block, `heads·ceil(seq_k / 64)` blocks,
+/// nothing else; 256 threads per block, `heads·ceil(seq_k / 128)` blocks,
 /// [`backward_shared_bytes`]`(D)` bytes of dynamic shared memory.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -355,22 +388,19 @@ pub unsafe fn backward<
     Count<STREAM_LOADS>: Unrolled,
 {
     // Causal: the first key tiles see the most queries, and their blocks start first.
-    let Some((head, key_start)) = owned_tile(seq_k, heads, false, BLOCK_Q) else { return };
+    let Some((head, key_start)) = owned_tile(seq_k, heads, false, OWNED) else { return };
     // SAFETY: reading a special register has no preconditions.
     let tid = unsafe { nvptx::_thread_idx_x() } as u32;
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
     let chunks = D as u32 / 8;
-    let lanes = Lanes::new(chunks, lane);
     let stream = STREAM as u32;
 
     let own_bytes = OWNED * D as u32 * 2;
     let stream_bytes = stream * D as u32 * 2;
     let (k_tile, v_tile) = (dynamic_shared(), dynamic_shared() + own_bytes);
-    // Two buffers of q and dO tiles: the next tile's copy runs during the whole of this one.
-    let streamed = k_tile + 2 * own_bytes;
-    let buffer = |query_tile: u32| streamed + (query_tile & 1) * 2 * stream_bytes;
-    let ds_tile = streamed + 4 * stream_bytes;
+    let (q_tile, do_tile) = (k_tile + 2 * own_bytes, k_tile + 2 * own_bytes + stream_bytes);
+    let ds_tile = do_tile + stream_bytes;
     let ds_row = ds_row_bytes(stream);
 
     let rows_base = head as usize * seq_q as usize;
@@ -384,48 +414,29 @@ pub unsafe fn backward<
     let query_tiles = seq_q.div_ceil(stream);
     // SAFETY (the copies): in bounds by the contract; read only after the waits and barriers.
     unsafe {
-        load_tile::<D, OWN_LOADS>(k_tile, k_head, key_start, seq_k, tid);
-        load_tile::<D, OWN_LOADS>(v_tile, v_head, key_start, seq_k, tid);
+        load_tile::<D, OWN_LOADS, THREADS>(k_tile, k_head, key_start, seq_k, tid);
+        load_tile::<D, OWN_LOADS, THREADS>(v_tile, v_head, key_start, seq_k, tid);
         if first < query_tiles {
-            let q_tile = buffer(first);
-            load_tile::<D, STREAM_LOADS>(q_tile, q_head, first * stream, seq_q, tid);
-            load_tile::<D, STREAM_LOADS>(q_tile + stream_bytes, do_head, first * stream, seq_q, tid);
+            load_tile::<D, STREAM_LOADS, THREADS>(q_tile, q_head, first * stream, seq_q, tid);
+            load_tile::<D, STREAM_LOADS, THREADS>(do_tile, do_head, first * stream, seq_q, tid);
         }
     }
-    let keys = [key_start + warp * 16 + g, key_start + warp * 16 + g + 8];
     // Rows past the last key hold zeros in the k and v tiles; their dS must still be 0 for dQ.
     let keys_end = key_start + OWNED > seq_k;
-    // The `A` fragment of dS (queries × keys) read from the dSᵀ tile (keys × queries) with a
-    // transposing `ldmatrix`: lane `l` gives row (key) `8·(l / 16) + l % 8`, column (query)
-    // `8·(l / 8 % 2)`, so that matrix `l / 8` is the fragment's register.
-    let ds_lane = ds_tile + (8 * (lane / 16) + lane % 8) * ds_row + 16 * ((lane / 8) % 2);
-    // The `k` fragments of dQ's product: the k tile read with `k` (keys) along the rows, at this
-    // warp's column pairs, whose swizzle depends on the warp (so `Lanes::at_pair`'s table,
-    // indexed by it, would land in local memory): chunk `(2p + lane / 16) ^ (lane % 8)`.
-    let dq_b: [u32; DQ_PAIRS] = core::array::from_fn(|j| {
-        let pair = warp * DQ_PAIRS as u32 + j as u32;
-        k_tile + lanes.row16 + 16 * ((2 * pair + lane / 16) ^ (lane % 8))
-    });
     let dq_head = dq_accum.wrapping_add(rows_base * D);
     let (mut dk_acc, mut dv_acc) = ([[[0.0f32; 4]; 2]; K_STEPS], [[[0.0f32; 4]; 2]; K_STEPS]);
     for query_tile in first..query_tiles {
         let q0 = query_tile * stream;
-        let (q_tile, do_tile) = (buffer(query_tile), buffer(query_tile) + stream_bytes);
         cp_async_wait::<0>();
         // SAFETY: every thread of the block reaches each barrier (block-wide conditions only).
         unsafe { nvptx::_syncthreads() };
-        // Every warp is done with the previous tile, whose buffer the next one takes.
-        if query_tile + 1 < query_tiles {
-            let next = buffer(query_tile + 1);
-            // SAFETY: as for the first copies; that buffer is no longer read.
-            unsafe {
-                load_tile::<D, STREAM_LOADS>(next, q_head, q0 + stream, seq_q, tid);
-                load_tile::<D, STREAM_LOADS>(next + stream_bytes, do_head, q0 + stream, seq_q, tid);
-            }
-        }
 
         // Sᵀ = k·qᵀ and dPᵀ = v·dOᵀ for the warp's 16 keys against the tile's queries.
         // SAFETY (the products): the tiles have arrived; the warp is converged.
+        // The lane's address offsets from `%tid.x` read again each tile, not kept across the
+        // loop: at head_dim 128 those registers made ptxas spill.
+        let fresh = thread_index_uncached();
+        let (lanes, warp) = (Lanes::new(chunks, fresh % 32), fresh / 32);
         let st = unsafe { product_t::<T, GROUPS, K_STEPS, K_PAIRS>(k_tile, q_tile, &lanes, warp * 16) };
         let dpt = unsafe { product_t::<T, GROUPS, K_STEPS, K_PAIRS>(v_tile, do_tile, &lanes, warp * 16) };
         let masked = keys_end || q0 + stream > seq_q || (causal && key_start + OWNED - 1 > q0);
@@ -455,10 +466,14 @@ pub unsafe fn backward<
         // Masked scores get P = dS = 0 by selects; the tile test is uniform, so unmasked tiles
         // skip the key arithmetic.
         if masked {
+            // The thread's keys from `%tid.x` read again here, not kept across the loop, where
+            // they cost the registers that made ptxas spill.
+            let fresh = thread_index_uncached();
+            let key0 = key_start + fresh / 32 * 16 + fresh % 32 / 4;
             unroll::<GROUPS>(|n| {
                 unroll::<4>(|e| {
                     let query = q0 + 8 * n as u32 + 2 * t + (e as u32 & 1);
-                    let key = keys[e / 2];
+                    let key = key0 + 8 * (e as u32 / 2);
                     let hidden = (query >= seq_q) | (key >= seq_k) | (causal & (key > query));
                     pt[n][e] = if hidden { 0.0 } else { pt[n][e] };
                     dst[n][e] = if hidden { 0.0 } else { dst[n][e] };
@@ -473,7 +488,7 @@ pub unsafe fn backward<
                 accumulate::<T, K_STEPS>(&mut dk_acc, &ds, q_tile, &lanes, ks as u32);
             }
         });
-        // dSᵀ to shared memory (the warp's 16 key rows), for dQ, which sums over all 64 keys.
+        // dSᵀ to shared memory (the warp's 16 key rows), for dQ, which sums over the block's keys.
         unroll::<GROUPS>(|n| {
             unroll::<2>(|r| {
                 let address = ds_tile + (warp * 16 + g + 8 * r as u32) * ds_row + (8 * n as u32 + 2 * t) * 2;
@@ -483,50 +498,56 @@ pub unsafe fn backward<
             });
         });
 
-        // SAFETY: as above. dS is whole.
+        // SAFETY: as above. dS is whole, and every warp is done with the q and dO tiles: the
+        // next ones are copied while dQ is computed.
         unsafe { nvptx::_syncthreads() };
+        if query_tile + 1 < query_tiles {
+            // SAFETY: as for the first copies; the tiles are no longer read.
+            unsafe {
+                load_tile::<D, STREAM_LOADS, THREADS>(q_tile, q_head, q0 + stream, seq_q, tid);
+                load_tile::<D, STREAM_LOADS, THREADS>(do_tile, do_head, q0 + stream, seq_q, tid);
+            }
+        }
 
-        // dQ += dS·k for the tile's queries (two 16-row tiles), this warp's D / 4 columns
-        // (16-column pairs `DQ_PAIRS·warp ..`), summed over the block's 64 keys.
-        let mut dq = [[[[0.0f32; 4]; 2]; DQ_PAIRS]; 2];
+        // dQ += dS·k for the tile's queries, summed over the block's 128 keys: warp `w` takes
+        // the 16 queries `16·(w / 4)..` and the D / 4 columns of quarter `w % 4`.
+        let mut dq = [[[0.0f32; 4]; 2]; DQ_PAIRS];
+        let (ds_lane, dq_b) = dq_addresses::<DQ_PAIRS>(ds_tile, ds_row, k_tile, &lanes);
         unroll::<{ OWNED as usize / 16 }>(|ks| {
             // SAFETY: the dS tile is whole (barrier above) and the k tile never changes; the
             // warp is converged.
             unsafe {
-                let a: [[u32; 4]; 2] =
-                    core::array::from_fn(|m| ldmatrix_x4_trans(ds_lane + 16 * ks as u32 * ds_row + 32 * m as u32));
+                let a = ldmatrix_x4_trans(ds_lane + 16 * ks as u32 * ds_row);
                 unroll::<DQ_PAIRS>(|j| {
                     let b = ldmatrix_x4_trans(dq_b[j] + 16 * ks as u32 * lanes.row_bytes);
-                    unroll::<2>(|m| {
-                        mma::<T>(&mut dq[m][j][0], &a[m], [b[0], b[1]]);
-                        mma::<T>(&mut dq[m][j][1], &a[m], [b[2], b[3]]);
+                    mma::<T>(&mut dq[j][0], &a, [b[0], b[1]]);
+                    mma::<T>(&mut dq[j][1], &a, [b[2], b[3]]);
+                });
+            }
+        });
+        unroll::<2>(|r| {
+            let query = q0 + 16 * (warp / 4) + g + 8 * r as u32;
+            if query < seq_q {
+                unroll::<DQ_PAIRS>(|j| {
+                    unroll::<2>(|h| {
+                        let col = 16 * ((warp % 4) * DQ_PAIRS as u32 + j as u32) + 8 * h as u32 + 2 * t;
+                        let at = dq_head.wrapping_add(query as usize * D + col as usize);
+                        // SAFETY: query < seq_q and col + 1 < D: inside this head's rows.
+                        unsafe {
+                            atomic_add(at, dq[j][h][2 * r]);
+                            atomic_add(at.wrapping_add(1), dq[j][h][2 * r + 1]);
+                        }
                     });
                 });
             }
         });
-        unroll::<2>(|m| {
-            unroll::<2>(|r| {
-                let query = q0 + 16 * m as u32 + g + 8 * r as u32;
-                if query < seq_q {
-                    unroll::<DQ_PAIRS>(|j| {
-                        unroll::<2>(|h| {
-                            let col = 16 * (warp * DQ_PAIRS as u32 + j as u32) + 8 * h as u32 + 2 * t;
-                            let at = dq_head.wrapping_add(query as usize * D + col as usize);
-                            // SAFETY: query < seq_q and col + 1 < D: inside this head's rows.
-                            unsafe {
-                                atomic_add(at, dq[m][j][h][2 * r]);
-                                atomic_add(at.wrapping_add(1), dq[m][j][h][2 * r + 1]);
-                            }
-                        });
-                    });
-                }
-            });
-        });
     }
-    let first_key = key_start + warp * 16;
+    // The warp and lane from `%tid.x` again, rather than kept across the loop (a spill).
+    let fresh = thread_index_uncached();
+    let first_key = key_start + fresh / 32 * 16;
     // SAFETY: the rows are this block's, inside the head's `dk` and `dv`.
     unsafe {
-        store_rows::<T, D, K_STEPS>(dk.wrapping_add(keys_base * D), &dk_acc, scale, first_key, seq_k, lane);
-        store_rows::<T, D, K_STEPS>(dv.wrapping_add(keys_base * D), &dv_acc, 1.0, first_key, seq_k, lane);
+        store_rows::<T, D, K_STEPS>(dk.wrapping_add(keys_base * D), &dk_acc, scale, first_key, seq_k, fresh % 32);
+        store_rows::<T, D, K_STEPS>(dv.wrapping_add(keys_base * D), &dv_acc, 1.0, first_key, seq_k, fresh % 32);
     }
 }
