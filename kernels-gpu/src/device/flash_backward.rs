@@ -326,7 +326,12 @@ pub const fn backward_shared_bytes(d: u32) -> u32 {
 /// From `%tid.x` read again where used: kept across the query loop, these registers made
 /// ptxas spill at head_dim 128.
 #[inline(always)]
-fn dq_addresses<const DQ_PAIRS: usize>(ds_tile: u32, ds_row: u32, k_tile: u32, lanes: &Lanes) -> (u32, [u32; DQ_PAIRS]) {
+fn dq_addresses<const DQ_PAIRS: usize>(
+    ds_tile: u32,
+    ds_row: u32,
+    k_tile: u32,
+    lanes: &Lanes,
+) -> (u32, [u32; DQ_PAIRS]) {
     let tid = thread_index_uncached();
     let (warp, lane) = (tid / 32, tid % 32);
     let ds_lane = ds_tile + (8 * (lane / 16) + lane % 8) * ds_row + 32 * (warp / 4) + 16 * ((lane / 8) % 2);
