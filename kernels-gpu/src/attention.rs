@@ -55,9 +55,9 @@ macro_rules! attention_family {
 
         // The head size, its packs of 8 per lane of four (`D / 32`); its k steps and pairs, its
         // 16-column pairs of dQ per warp; the streamed tile's rows, 8-row groups and 16-row
-        // steps; copies per thread of an owned (64-row) and a streamed tile; shared bytes.
-        attention_family!(@backward $prep64, $b64, $elem, 64, 2, 4, 2, 1, 32, 4, 2, 4, 1, 59392);
-        attention_family!(@backward $prep128, $b128, $elem, 128, 4, 8, 4, 2, 32, 4, 2, 8, 2, 108544);
+        // steps; copies per thread of an owned (128-row) and a streamed tile; shared bytes.
+        attention_family!(@backward $prep64, $b64, $elem, 64, 2, 4, 2, 1, 32, 4, 2, 4, 1, 51200);
+        attention_family!(@backward $prep128, $b128, $elem, 128, 4, 8, 4, 2, 32, 4, 2, 8, 2, 92160);
         attention_family!(@dq $dq, $elem);
 
         // The head size, its unroll counts D / 16, D / 32, D / 16, the 16-row tiles of a warp
@@ -72,6 +72,9 @@ macro_rules! attention_family {
     (@backward $prep:ident, $backward:ident, $elem:ty, $d:literal, $packs:literal, $k_steps:literal,
         $k_pairs:literal, $dq_pairs:literal, $stream:literal, $groups:literal, $steps:literal,
         $own_loads:literal, $stream_loads:literal, $shared:literal) => {
+        // The launch docs' figure is the kernel's own layout.
+        #[cfg(target_arch = "nvptx64")]
+        const _: () = assert!(crate::device::flash_backward::backward_shared_bytes($d) == $shared);
         crate::kernel! {
             #[doc = concat!("The attention backward's first step for head_dim ", stringify!($d), ": `Δ` and a zeroed `dQ` accumulator.")]
             ///

@@ -19,8 +19,9 @@
 //! The block uses the forward's machinery (`device::flash`): 256 threads, eight warps of 16 key
 //! rows, swizzled shared tiles filled by `cp.async`, `ldmatrix` into `mma.sync` fragments, and
 //! the accumulator-to-`A`-fragment reuse of a product's result. It streams `q` and `dO` in
-//! tiles of `STREAM = 32` rows, which keeps every accumulator in registers, through two shared
-//! buffers: the next tile's copy runs while the block works on the current one.
+//! tiles of `STREAM = 32` rows, which keeps every accumulator in registers, through one shared
+//! buffer each: the next tile's copy runs while the block computes the current tile's `dQ`
+//! (which reads only `k` and `dS`). A second buffer measured no faster.
 use super::element::Element;
 use super::flash::{load_tile, owned_tile, thread_index_uncached};
 use super::index::GridStride;
@@ -306,10 +307,10 @@ const fn ds_row_bytes(stream: u32) -> u32 {
 }
 
 /// The dynamic shared memory of a backward block at head size `d`: the owned 128-row `k` and
-/// `v` tiles, two buffers of the streamed 32-row `q` and `dO` tiles, and the `dSᵀ` tile (128
-/// keys × 32 queries, padded rows).
+/// `v` tiles, the streamed 32-row `q` and `dO` tiles, and the `dSᵀ` tile (128 keys × 32
+/// queries, padded rows).
 pub const fn backward_shared_bytes(d: u32) -> u32 {
-    (2 * OWNED + 4 * 32) * d * 2 + OWNED * ds_row_bytes(32)
+    (2 * OWNED + 2 * 32) * d * 2 + OWNED * ds_row_bytes(32)
 }
 
 /// This lane's `ldmatrix` addresses for `dQ = dS·k` in a block of eight warps: warp `w` takes
