@@ -744,6 +744,20 @@ impl Family {
         }
     }
 
+    /// Whether the family's cubins for sm_90 and newer come from a build of their own for
+    /// sm_90 (PTX ISA 8.1), whose code tests `cfg(target_feature = "sm_90")`: the attention
+    /// backward adds its `dQ` share with sm_90's four-wide `red.global.add.v4.f32`, a quarter of
+    /// the atomic instructions. The shipped PTX stays the [`ptx_arch`](Self::ptx_arch) build,
+    /// which the driver compiles for any GPU without a cubin.
+    ///
+    /// ```
+    /// use opsmith_kernels::Family;
+    /// assert!(Family::Attention.has_sm90_build() && !Family::Softmax.has_sm90_build());
+    /// ```
+    pub const fn has_sm90_build(self) -> bool {
+        matches!(self, Family::Attention)
+    }
+
     /// The kernels of this family that carry launch bounds in their PTX (`.maxntid` and
     /// `.minnctapersm`, CUDA C++'s `__launch_bounds__`), which `cargo xtask kernels` writes in:
     /// `ptxas` then holds each to the registers that let `min_blocks` blocks of `max_threads`

@@ -204,6 +204,7 @@ pub struct PtxBuilder {
     features: Vec<String>,
     default_features: bool,
     toolchain: Option<String>,
+    target_features: Vec<String>,
 }
 
 impl PtxBuilder {
@@ -223,6 +224,7 @@ impl PtxBuilder {
             features: Vec::new(),
             default_features: true,
             toolchain: None,
+            target_features: Vec::new(),
         }
     }
 
@@ -276,6 +278,21 @@ impl PtxBuilder {
     /// ```
     pub fn arch(mut self, arch: impl Into<String>) -> Self {
         self.arch = arch.into();
+        self
+    }
+
+    /// LLVM target features for the build (`-C target-feature`), such as a newer PTX ISA
+    /// version than the architecture's oldest (`+ptx81` for sm_90's vector atomics, which
+    /// need PTX 8.1). Kernel code can test the architecture with
+    /// `cfg(target_feature = "sm_90")`.
+    ///
+    /// ```
+    /// use opsmith_ptx_builder::PtxBuilder;
+    /// let builder = PtxBuilder::new("kernels").arch("sm_90").target_features(["+ptx81"]);
+    /// assert!(format!("{builder:?}").contains("+ptx81"));
+    /// ```
+    pub fn target_features<I: IntoIterator<Item = S>, S: Into<String>>(mut self, features: I) -> Self {
+        self.target_features.extend(features.into_iter().map(Into::into));
         self
     }
 
@@ -388,6 +405,9 @@ impl PtxBuilder {
             .args(["--", "--emit=asm", "-C", "linker=true"])
             .arg("-C")
             .arg(format!("target-cpu={}", self.arch));
+        if !self.target_features.is_empty() {
+            cmd.arg("-C").arg(format!("target-feature={}", self.target_features.join(",")));
+        }
         let output = cmd.output().map_err(|source| PtxBuildError::ToolMissing {
             tool: cargo.clone(),
             source,

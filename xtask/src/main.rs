@@ -68,38 +68,45 @@ fn kernels(check: bool) -> Result<(), String> {
     for family in Family::ALL {
         let started = Instant::now();
         let name = family.name();
-        let built = PtxBuilder::new(root.join("kernels-gpu"))
-            .default_features(false)
-            .features([name])
-            .arch(family.ptx_arch())
-            .out_dir(scratch.join(name))
-            .rerun_if_changed(false)
-            .build()
-            .map_err(|e| format!("{name}: {e}"))?;
-        let mut ptx = std::fs::read_to_string(&built.path).map_err(|e| format!("{}: {e}", built.path.display()))?;
-        for bounds in family.launch_bounds() {
-            ptx = with_launch_bounds(&ptx, bounds.kernel, bounds.max_threads, bounds.min_blocks)
-                .map_err(|e| format!("{name}: {e}"))?;
-        }
-        let defined: BTreeSet<&str> = built.entries.iter().map(String::as_str).collect();
-        let expected: BTreeSet<&str> = family.kernel_names().collect();
-        if defined != expected {
-            return Err(format!("{name}: the PTX defines {defined:?}, the name tables say {expected:?}"));
-        }
+        let ptx = family_ptx(&root, &scratch, family, family.ptx_arch(), &[])?;
         let ptx_path = scratch.join(format!("{name}.ptx"));
         write(&ptx_path, ptx.as_bytes())?;
         write(&fresh.join(format!("{name}.ptx.zlib")), &deflate(ptx.as_bytes()))?;
+        // A family with sm_90 code of its own gets its cubins from sm_90 on from a second
+        // build; only the portable PTX is shipped as text.
+        let sm90_path = if family.has_sm90_build() {
+            let sm90 = family_ptx(&root, &scratch, family, "sm_90", &["+ptx81"])?;
+            let path = scratch.join(format!("{name}.sm_90.ptx"));
+            write(&path, sm90.as_bytes())?;
+            // host/tests/ptx.rs holds the shipped PTX to no spills at sm_90; this build is
+            // not shipped as text, so its check is here (`-v` changes the cubin's bytes, so
+            // not on the shipped one).
+            let check = scratch.join(format!("{name}.sm_90.check.cubin"));
+            let log = run(Command::new(&ptxas).args(["-arch=sm_90", "-v", "-o"]).arg(&check).arg(&path))?;
+            if let Some(spill) =
+                log.lines().find(|l| l.contains("spill") && !l.contains(" 0 bytes spill stores, 0 bytes spill loads"))
+            {
+                return Err(format!("{name} (sm_90 build): ptxas spills registers: {}", spill.trim()));
+            }
+            Some(path)
+        } else {
+            None
+        };
         // ptxas runs once per architecture, in parallel.
         let archs = cubin_archs(family);
         let results: Vec<Result<(), String>> = std::thread::scope(|s| {
             let jobs: Vec<_> = archs
                 .iter()
                 .map(|arch| {
-                    let (ptxas, ptx_path, scratch, fresh) = (&ptxas, &ptx_path, &scratch, &fresh);
+                    let (ptxas, scratch, fresh) = (&ptxas, &scratch, &fresh);
+                    let source = match &sm90_path {
+                        Some(sm90) if *arch >= 90 => sm90,
+                        _ => &ptx_path,
+                    };
                     s.spawn(move || {
                         let file = format!("{name}.sm_{arch}.cubin");
                         let cubin = scratch.join(&file);
-                        run(Command::new(ptxas).arg(format!("-arch=sm_{arch}")).arg("-o").arg(&cubin).arg(ptx_path))?;
+                        run(Command::new(ptxas).arg(format!("-arch=sm_{arch}")).arg("-o").arg(&cubin).arg(source))?;
                         let bytes = std::fs::read(&cubin).map_err(|e| format!("{}: {e}", cubin.display()))?;
                         write(&fresh.join(format!("{file}.zlib")), &deflate(&bytes))
                     })
@@ -166,6 +173,38 @@ fn kernels(check: bool) -> Result<(), String> {
         println!("wrote {} files to {}", wanted.len(), prebuilt.display());
     }
     Ok(())
+}
+
+/// The family's PTX for `arch` with LLVM `target_features`, launch bounds written in, checked
+/// to define exactly the family's kernels.
+fn family_ptx(
+    root: &Path,
+    scratch: &Path,
+    family: Family,
+    arch: &str,
+    target_features: &[&str],
+) -> Result<String, String> {
+    let name = family.name();
+    let built = PtxBuilder::new(root.join("kernels-gpu"))
+        .default_features(false)
+        .features([name])
+        .arch(arch)
+        .target_features(target_features.iter().copied())
+        .out_dir(scratch.join(format!("{name}.{arch}")))
+        .rerun_if_changed(false)
+        .build()
+        .map_err(|e| format!("{name} ({arch}): {e}"))?;
+    let mut ptx = std::fs::read_to_string(&built.path).map_err(|e| format!("{}: {e}", built.path.display()))?;
+    for bounds in family.launch_bounds() {
+        ptx = with_launch_bounds(&ptx, bounds.kernel, bounds.max_threads, bounds.min_blocks)
+            .map_err(|e| format!("{name}: {e}"))?;
+    }
+    let defined: BTreeSet<&str> = built.entries.iter().map(String::as_str).collect();
+    let expected: BTreeSet<&str> = family.kernel_names().collect();
+    if defined != expected {
+        return Err(format!("{name} ({arch}): the PTX defines {defined:?}, the name tables say {expected:?}"));
+    }
+    Ok(ptx)
 }
 
 /// The shipped files in `dir`.

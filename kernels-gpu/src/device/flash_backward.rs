@@ -25,7 +25,11 @@
 use super::element::Element;
 use super::flash::{load_tile, owned_tile, thread_index_uncached};
 use super::index::GridStride;
-use super::math::{LOG2_E, atomic_add, exp2_ftz, fma};
+#[cfg(not(target_feature = "sm_90"))]
+use super::math::atomic_add;
+#[cfg(target_feature = "sm_90")]
+use super::math::atomic_add4;
+use super::math::{LOG2_E, exp2_ftz, fma};
 use super::memory::{load_pack, store_pack};
 use super::tensor_core::{
     MmaElement, cp_async_wait, dynamic_shared, ldmatrix_x4, ldmatrix_x4_trans, mma, pack, store_shared_u32,
@@ -343,6 +347,70 @@ fn dq_addresses<const DQ_PAIRS: usize>(
     (ds_lane, b)
 }
 
+/// Adds a warp's `dQ` tile (16 queries from `first_query`, the `DQ_PAIRS` 16-column pairs of
+/// quarter `quarter` of `D`) to the f32 accumulator `dq_head` (`[seq_q, D]`), skipping rows
+/// past `seq_q`.
+///
+/// From sm_90 on, lanes `t` and `t ^ 1` first swap half their values so that each holds four
+/// neighbouring columns of one row, added by one `red.global.add.v4.f32` instead of four
+/// scalar adds: the adds, not the products, bounded this kernel's 64-key form.
+///
+/// # Safety
+/// `dq_head` is valid for `seq_q·D` f32 in global memory, 16-byte aligned; the whole warp
+/// calls this together.
+#[inline(always)]
+unsafe fn add_dq<const D: usize, const DQ_PAIRS: usize>(
+    dq_head: *mut f32,
+    dq: &[[[f32; 4]; 2]; DQ_PAIRS],
+    first_query: u32,
+    seq_q: u32,
+    quarter: u32,
+    lane: u32,
+) where
+    Count<DQ_PAIRS>: Unrolled,
+{
+    let (g, t) = (lane / 4, lane % 4);
+    #[cfg(target_feature = "sm_90")]
+    {
+        // The even lane keeps row g and takes its partner's two columns of it; the odd lane
+        // keeps row g + 8 and takes its partner's two columns of that.
+        let odd = t & 1 == 1;
+        let query = first_query + g + 8 * odd as u32;
+        unroll::<DQ_PAIRS>(|j| {
+            unroll::<2>(|h| {
+                let x = dq[j][h];
+                let (give0, give1) = if odd { (x[0], x[1]) } else { (x[2], x[3]) };
+                // SAFETY: the whole warp runs this code together (the caller's contract).
+                let (take0, take1) = unsafe { (xor_shuffle(give0, 1), xor_shuffle(give1, 1)) };
+                let values = if odd { [take0, take1, x[2], x[3]] } else { [x[0], x[1], take0, take1] };
+                let col = 16 * (quarter * DQ_PAIRS as u32 + j as u32) + 8 * h as u32 + 2 * (t & !1);
+                if query < seq_q {
+                    // SAFETY: query < seq_q and col + 3 < D with col a multiple of 4: four f32
+                    // inside the head's rows, 16-byte aligned (D is a multiple of 4).
+                    unsafe { atomic_add4(dq_head.wrapping_add(query as usize * D + col as usize), values) };
+                }
+            });
+        });
+    }
+    #[cfg(not(target_feature = "sm_90"))]
+    unroll::<2>(|r| {
+        let query = first_query + g + 8 * r as u32;
+        if query < seq_q {
+            unroll::<DQ_PAIRS>(|j| {
+                unroll::<2>(|h| {
+                    let col = 16 * (quarter * DQ_PAIRS as u32 + j as u32) + 8 * h as u32 + 2 * t;
+                    let at = dq_head.wrapping_add(query as usize * D + col as usize);
+                    // SAFETY: query < seq_q and col + 1 < D: inside this head's rows.
+                    unsafe {
+                        atomic_add(at, dq[j][h][2 * r]);
+                        atomic_add(at.wrapping_add(1), dq[j][h][2 * r + 1]);
+                    }
+                });
+            });
+        }
+    });
+}
+
 /// `dK` and `dV` for 128 keys of one head, and their share of `dQ` (see the module docs).
 /// `STREAM` queries per tile: `GROUPS = STREAM / 8`, `STEPS = STREAM / 16`; `K_STEPS = D / 16`,
 /// `K_PAIRS = D / 32`, `DQ_PAIRS = D / 64` (the 16-column pairs of `dQ` each warp computes);
@@ -531,22 +599,8 @@ pub unsafe fn backward<
                 });
             }
         });
-        unroll::<2>(|r| {
-            let query = q0 + 16 * (warp / 4) + g + 8 * r as u32;
-            if query < seq_q {
-                unroll::<DQ_PAIRS>(|j| {
-                    unroll::<2>(|h| {
-                        let col = 16 * ((warp % 4) * DQ_PAIRS as u32 + j as u32) + 8 * h as u32 + 2 * t;
-                        let at = dq_head.wrapping_add(query as usize * D + col as usize);
-                        // SAFETY: query < seq_q and col + 1 < D: inside this head's rows.
-                        unsafe {
-                            atomic_add(at, dq[j][h][2 * r]);
-                            atomic_add(at.wrapping_add(1), dq[j][h][2 * r + 1]);
-                        }
-                    });
-                });
-            }
-        });
+        // SAFETY: the rows are inside this head's, the columns inside D; the warp is converged.
+        unsafe { add_dq::<D, DQ_PAIRS>(dq_head, &dq, q0 + 16 * (warp / 4), seq_q, warp % 4, lane) };
     }
     // The warp and lane from `%tid.x` again, rather than kept across the loop (a spill).
     let fresh = thread_index_uncached();

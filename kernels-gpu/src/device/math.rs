@@ -122,6 +122,33 @@ impl CompensatedSum {
     }
 }
 
+/// `address[0..4] += values` as one atomic `red.global.add.v4.f32` (sm_90 and newer, PTX 8.1):
+/// each of the four adds is atomic, as four [`atomic_add`]s would be, in one instruction.
+///
+/// # Safety
+/// `address` is valid for four f32 in global memory and 16-byte aligned.
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub unsafe fn atomic_add4(address: *mut f32, values: [f32; 4]) {
+    // SAFETY: the caller's contract: a global, 16-byte aligned address of four f32, so its
+    // generic form converts to the global window and `red` writes only those four.
+    unsafe {
+        core::arch::asm!(
+            "{{",
+            ".reg .u64 %global;",
+            "cvta.to.global.u64 %global, {a};",
+            "red.global.add.v4.f32 [%global], {{{x}, {y}, {z}, {w}}};",
+            "}}",
+            a = in(reg64) address as u64,
+            x = in(reg32) values[0],
+            y = in(reg32) values[1],
+            z = in(reg32) values[2],
+            w = in(reg32) values[3],
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
 /// `*address += value` as one atomic `red.add.f32` (no return value): scatter-adds whose
 /// targets may repeat. The order of the additions to one address is not fixed.
 ///
