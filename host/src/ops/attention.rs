@@ -260,9 +260,10 @@ struct Composed {
 /// them from `out` and `lse` without a `[seq_q, seq_k]` matrix in memory, FlashAttention-2's way:
 /// one block per 128 keys computes that tile's `dk` and `dv` and adds its share of `dq` to an f32
 /// accumulator with atomic adds. The order of those adds varies, so `dq` may differ in its last
-/// bits between runs (as with PyTorch's flash backend); `dk` and `dv` are the same on every run. Elsewhere the composed path recomputes `P`
-/// ([`attention_weights`]) and uses batched products and [`softmax_backward`](super::softmax_backward);
-/// it does not read `out` and `lse`, but checks them all the same.
+/// bits between runs (as with PyTorch's flash backend); `dk` and `dv` are the same on every run.
+/// Elsewhere the composed path recomputes `P` ([`attention_weights`]) and uses batched products
+/// and [`softmax_backward`](super::softmax_backward); it does not read `out` and `lse`, but
+/// checks them all the same.
 ///
 /// Errors: those of [`attention`], and [`Error::ShapeMismatch`] when `out` or `dout` is not
 /// `[batch, heads, seq_q, head_dim_v]` or `lse` not `[batch, heads, seq_q]`,
