@@ -56,8 +56,8 @@ macro_rules! attention_family {
         // The head size, its packs of 8 per lane of four (`D / 32`); its k steps and pairs, its
         // 16-column pairs of dQ per warp; the streamed tile's rows, 8-row groups and 16-row
         // steps; copies per thread of an owned (128-row) and a streamed tile; shared bytes.
-        attention_family!(@backward $prep64, $b64, $elem, 64, 2, 4, 2, 1, 32, 4, 2, 4, 1, 51200);
-        attention_family!(@backward $prep128, $b128, $elem, 128, 4, 8, 4, 2, 32, 4, 2, 8, 2, 92160);
+        attention_family!(@backward $prep64, $b64, $elem, 64, 2, 4, 2, 1, 32, 4, 2, 4, 1, 51456);
+        attention_family!(@backward $prep128, $b128, $elem, 128, 4, 8, 4, 2, 32, 4, 2, 8, 2, 92416);
         attention_family!(@dq $dq, $elem);
 
         // The head size, its unroll counts D / 16, D / 32, D / 16, the 16-row tiles of a warp

@@ -746,8 +746,8 @@ impl Family {
 
     /// Whether the family's cubins for sm_90 and newer come from a build of their own for
     /// sm_90 (PTX ISA 8.1), whose code tests `cfg(target_feature = "sm_90")`: the attention
-    /// backward adds its `dQ` share with sm_90's four-wide `red.global.add.v4.f32`, a quarter of
-    /// the atomic instructions. The shipped PTX stays the [`ptx_arch`](Self::ptx_arch) build,
+    /// backward adds its `dQ` share with sm_90's two-wide `red.global.add.v2.f32`, half the
+    /// atomic instructions. The shipped PTX stays the [`ptx_arch`](Self::ptx_arch) build,
     /// which the driver compiles for any GPU without a cubin.
     ///
     /// ```

@@ -397,9 +397,9 @@ fn fused_backward(
     let prep_grid = LaunchConfig { grid: rows.div_ceil(32) as u32, block: 128, shared_mem_bytes: 0 };
     crate::cuda::launch(prep_kernel, Grid::Config(prep_grid), (out, dout, &delta, &dq_accum, rows as u32))?;
     // A block per 128 keys, 256 threads. Shared memory: 128-row k and v tiles, 32-row q and dO
-    // tiles (2-byte elements), and the 128 × 32 dSᵀ tile in rows padded to 80 bytes
-    // (`device::flash_backward::backward_shared_bytes`).
-    let shared_mem_bytes = ((2 * 128 + 2 * 32) * dims.head_dim * 2 + 128 * 80) as u32;
+    // tiles (2-byte elements), the 128 × 32 dSᵀ tile in rows padded to 80 bytes, and 32 f32 each
+    // of lse and Δ (`device::flash_backward::backward_shared_bytes`).
+    let shared_mem_bytes = ((2 * 128 + 2 * 32) * dims.head_dim * 2 + 128 * 80 + 2 * 32 * 4) as u32;
     let grid = LaunchConfig { grid: key_blocks as u32, block: 256, shared_mem_bytes };
     crate::cuda::launch(
         backward_kernel,

@@ -28,11 +28,12 @@ use super::index::GridStride;
 #[cfg(not(target_feature = "sm_90"))]
 use super::math::atomic_add;
 #[cfg(target_feature = "sm_90")]
-use super::math::atomic_add4;
+use super::math::atomic_add2;
 use super::math::{LOG2_E, exp2_ftz, fma};
 use super::memory::{load_pack, store_pack};
 use super::tensor_core::{
-    MmaElement, cp_async_wait, dynamic_shared, ldmatrix_x4, ldmatrix_x4_trans, mma, pack, store_shared_u32,
+    MmaElement, cp_async_4, cp_async_commit, cp_async_wait, dynamic_shared, ldmatrix_x4, ldmatrix_x4_trans,
+    load_shared_f32, mma, pack, store_shared_u32,
 };
 use super::unroll::{Count, Unrolled, unroll};
 use super::warp::xor_shuffle;
@@ -311,10 +312,10 @@ const fn ds_row_bytes(stream: u32) -> u32 {
 }
 
 /// The dynamic shared memory of a backward block at head size `d`: the owned 128-row `k` and
-/// `v` tiles, the streamed 32-row `q` and `dO` tiles, and the `dSᵀ` tile (128 keys × 32
-/// queries, padded rows).
+/// `v` tiles, the streamed 32-row `q` and `dO` tiles, the `dSᵀ` tile (128 keys × 32 queries,
+/// padded rows), and the 32 queries' log-sum-exp and `Δ` (f32).
 pub const fn backward_shared_bytes(d: u32) -> u32 {
-    (2 * OWNED + 2 * 32) * d * 2 + OWNED * ds_row_bytes(32)
+    (2 * OWNED + 2 * 32) * d * 2 + OWNED * ds_row_bytes(32) + 2 * 32 * 4
 }
 
 /// This lane's `ldmatrix` addresses for `dQ = dS·k` in a block of eight warps: warp `w` takes
@@ -347,13 +348,43 @@ fn dq_addresses<const DQ_PAIRS: usize>(
     (ds_lane, b)
 }
 
+/// Starts copying the log-sum-exp and `Δ` of the `STREAM` queries from `first` into `stats`
+/// (`STREAM` f32 of each, in that order), as its own copy group: threads `0..2·STREAM` copy one
+/// value each, zeros for queries past `rows`. Read from shared memory, they cost the
+/// elementwise step no global-memory wait.
+///
+/// # Safety
+/// `lse` and `delta` are valid for `rows` f32; `stats` is `2·STREAM` f32 of shared memory that
+/// nothing reads until a [`cp_async_wait`] and a barrier.
+#[inline(always)]
+unsafe fn load_stats<const STREAM: usize>(
+    stats: u32,
+    lse: *const f32,
+    delta: *const f32,
+    first: u32,
+    rows: u32,
+    tid: u32,
+) {
+    let stream = STREAM as u32;
+    if tid < 2 * stream {
+        let (source, i) = if tid < stream { (lse, tid) } else { (delta, tid - stream) };
+        let row = first + i;
+        let valid = row < rows;
+        let at = if valid { source.wrapping_add(row as usize) } else { source };
+        // SAFETY: `at` is inside the rows when valid; the target is inside `stats`.
+        unsafe { cp_async_4(stats + 4 * tid, at as *const u8, if valid { 4 } else { 0 }) };
+    }
+    cp_async_commit();
+}
+
 /// Adds a warp's `dQ` tile (16 queries from `first_query`, the `DQ_PAIRS` 16-column pairs of
 /// quarter `quarter` of `D`) to the f32 accumulator `dq_head` (`[seq_q, D]`), skipping rows
 /// past `seq_q`.
 ///
-/// From sm_90 on, lanes `t` and `t ^ 1` first swap half their values so that each holds four
-/// neighbouring columns of one row, added by one `red.global.add.v4.f32` instead of four
-/// scalar adds: the adds, not the products, bounded this kernel's 64-key form.
+/// From sm_90 on, each lane's two neighbouring columns go in one `red.global.add.v2.f32`
+/// instead of two scalar adds. (Four-wide adds after a swap of values between lanes `t` and
+/// `t ^ 1` measured slower on an H100: the shuffles compete with `ldmatrix` for the
+/// shared-memory pipe.)
 ///
 /// # Safety
 /// `dq_head` is valid for `seq_q·D` f32 in global memory, 16-byte aligned; the whole warp
@@ -370,29 +401,6 @@ unsafe fn add_dq<const D: usize, const DQ_PAIRS: usize>(
     Count<DQ_PAIRS>: Unrolled,
 {
     let (g, t) = (lane / 4, lane % 4);
-    #[cfg(target_feature = "sm_90")]
-    {
-        // The even lane keeps row g and takes its partner's two columns of it; the odd lane
-        // keeps row g + 8 and takes its partner's two columns of that.
-        let odd = t & 1 == 1;
-        let query = first_query + g + 8 * odd as u32;
-        unroll::<DQ_PAIRS>(|j| {
-            unroll::<2>(|h| {
-                let x = dq[j][h];
-                let (give0, give1) = if odd { (x[0], x[1]) } else { (x[2], x[3]) };
-                // SAFETY: the whole warp runs this code together (the caller's contract).
-                let (take0, take1) = unsafe { (xor_shuffle(give0, 1), xor_shuffle(give1, 1)) };
-                let values = if odd { [take0, take1, x[2], x[3]] } else { [x[0], x[1], take0, take1] };
-                let col = 16 * (quarter * DQ_PAIRS as u32 + j as u32) + 8 * h as u32 + 2 * (t & !1);
-                if query < seq_q {
-                    // SAFETY: query < seq_q and col + 3 < D with col a multiple of 4: four f32
-                    // inside the head's rows, 16-byte aligned (D is a multiple of 4).
-                    unsafe { atomic_add4(dq_head.wrapping_add(query as usize * D + col as usize), values) };
-                }
-            });
-        });
-    }
-    #[cfg(not(target_feature = "sm_90"))]
     unroll::<2>(|r| {
         let query = first_query + g + 8 * r as u32;
         if query < seq_q {
@@ -400,10 +408,17 @@ unsafe fn add_dq<const D: usize, const DQ_PAIRS: usize>(
                 unroll::<2>(|h| {
                     let col = 16 * (quarter * DQ_PAIRS as u32 + j as u32) + 8 * h as u32 + 2 * t;
                     let at = dq_head.wrapping_add(query as usize * D + col as usize);
-                    // SAFETY: query < seq_q and col + 1 < D: inside this head's rows.
+                    let (x, y) = (dq[j][h][2 * r], dq[j][h][2 * r + 1]);
+                    // SAFETY: query < seq_q and col + 1 < D with col even: two f32 inside this
+                    // head's rows, 8-byte aligned (D is even).
                     unsafe {
-                        atomic_add(at, dq[j][h][2 * r]);
-                        atomic_add(at.wrapping_add(1), dq[j][h][2 * r + 1]);
+                        #[cfg(target_feature = "sm_90")]
+                        atomic_add2(at, [x, y]);
+                        #[cfg(not(target_feature = "sm_90"))]
+                        {
+                            atomic_add(at, x);
+                            atomic_add(at.wrapping_add(1), y);
+                        }
                     }
                 });
             });
@@ -476,12 +491,14 @@ pub unsafe fn backward<
     let (q_tile, do_tile) = (k_tile + 2 * own_bytes, k_tile + 2 * own_bytes + stream_bytes);
     let ds_tile = do_tile + stream_bytes;
     let ds_row = ds_row_bytes(stream);
+    let stats = ds_tile + OWNED * ds_row;
 
     let rows_base = head as usize * seq_q as usize;
     let keys_base = head as usize * seq_k as usize;
     let (q_head, do_head) =
         (q.wrapping_add(rows_base * D) as *const u16, dout.wrapping_add(rows_base * D) as *const u16);
     let (k_head, v_head) = (k.wrapping_add(keys_base * D) as *const u16, v.wrapping_add(keys_base * D) as *const u16);
+    let (lse_head, delta_head) = (lse.wrapping_add(rows_base), delta.wrapping_add(rows_base));
 
     // Queries before the first key of the tile see none of its keys when causal.
     let first = if causal { key_start / stream } else { 0 };
@@ -493,6 +510,7 @@ pub unsafe fn backward<
         if first < query_tiles {
             load_tile::<D, STREAM_LOADS, THREADS>(q_tile, q_head, first * stream, seq_q, tid);
             load_tile::<D, STREAM_LOADS, THREADS>(do_tile, do_head, first * stream, seq_q, tid);
+            load_stats::<STREAM>(stats, lse_head, delta_head, first * stream, seq_q, tid);
         }
     }
     // Rows past the last key hold zeros in the k and v tiles; their dS must still be 0 for dQ.
@@ -517,18 +535,12 @@ pub unsafe fn backward<
         let (mut pt, mut dst) = ([[0.0f32; 4]; GROUPS], [[0.0f32; 4]; GROUPS]);
         unroll::<GROUPS>(|n| {
             unroll::<2>(|c| {
-                let query = q0 + 8 * n as u32 + 2 * t + c as u32;
-                // The query's log-sum-exp (log2 units) and Δ; past seq_q, none.
-                let (l, d) = if query < seq_q {
-                    // SAFETY: query < seq_q.
-                    unsafe {
-                        let l = lse.add(rows_base + query as usize).read();
-                        let l = if l == f32::NEG_INFINITY { f32::INFINITY } else { l * LOG2_E };
-                        (l, delta.add(rows_base + query as usize).read())
-                    }
-                } else {
-                    (f32::INFINITY, 0.0)
-                };
+                // The query's log-sum-exp (log2 units) and Δ. Past seq_q they are zeros, and
+                // the tile is masked: the selects below zero those scores.
+                let i = 8 * n as u32 + 2 * t + c as u32;
+                // SAFETY: inside the stats tile, which arrived with the q and dO tiles.
+                let (l, d) = unsafe { (load_shared_f32(stats + 4 * i), load_shared_f32(stats + 4 * (stream + i))) };
+                let l = if l == f32::NEG_INFINITY { f32::INFINITY } else { l * LOG2_E };
                 unroll::<2>(|r| {
                     let e = 2 * r + c;
                     let p = exp2_ftz(fma(st[n][e], scale_log2, -l));
@@ -580,6 +592,7 @@ pub unsafe fn backward<
             unsafe {
                 load_tile::<D, STREAM_LOADS, THREADS>(q_tile, q_head, q0 + stream, seq_q, tid);
                 load_tile::<D, STREAM_LOADS, THREADS>(do_tile, do_head, q0 + stream, seq_q, tid);
+                load_stats::<STREAM>(stats, lse_head, delta_head, q0 + stream, seq_q, tid);
             }
         }
 

@@ -122,28 +122,26 @@ impl CompensatedSum {
     }
 }
 
-/// `address[0..4] += values` as one atomic `red.global.add.v4.f32` (sm_90 and newer, PTX 8.1):
-/// each of the four adds is atomic, as four [`atomic_add`]s would be, in one instruction.
+/// `address[0..2] += values` as one atomic `red.global.add.v2.f32` (sm_90 and newer, PTX
+/// 8.1): each of the two adds is atomic, as two [`atomic_add`]s would be, in one instruction.
 ///
 /// # Safety
-/// `address` is valid for four f32 in global memory and 16-byte aligned.
+/// `address` is valid for two f32 in global memory and 8-byte aligned.
 #[cfg(target_feature = "sm_90")]
 #[inline(always)]
-pub unsafe fn atomic_add4(address: *mut f32, values: [f32; 4]) {
-    // SAFETY: the caller's contract: a global, 16-byte aligned address of four f32, so its
-    // generic form converts to the global window and `red` writes only those four.
+pub unsafe fn atomic_add2(address: *mut f32, values: [f32; 2]) {
+    // SAFETY: the caller's contract: a global, 8-byte aligned address of two f32, so its
+    // generic form converts to the global window and `red` writes only those two.
     unsafe {
         core::arch::asm!(
             "{{",
             ".reg .u64 %global;",
             "cvta.to.global.u64 %global, {a};",
-            "red.global.add.v4.f32 [%global], {{{x}, {y}, {z}, {w}}};",
+            "red.global.add.v2.f32 [%global], {{{x}, {y}}};",
             "}}",
             a = in(reg64) address as u64,
             x = in(reg32) values[0],
             y = in(reg32) values[1],
-            z = in(reg32) values[2],
-            w = in(reg32) values[3],
             options(nostack, preserves_flags),
         )
     };

@@ -155,6 +155,40 @@ pub unsafe fn cp_async_16(target: u32, source: *const u8, valid: u32) {
     }
 }
 
+/// Starts copying 4 bytes from global `source` to shared offset `target`, or, when `valid` is
+/// 0, writes zeros there: [`cp_async_16`] for scalars whose addresses are not 16-byte aligned.
+///
+/// # Safety
+/// `target` is a 4-byte aligned offset into this block's shared memory that nothing reads until
+/// a [`cp_async_wait`] and a barrier; `source` is 4-byte aligned and, when `valid` is 4, 4
+/// readable bytes of global memory (when 0, any mapped address).
+#[inline(always)]
+pub unsafe fn cp_async_4(target: u32, source: *const u8, valid: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!(
+            "cp.async.ca.shared.global [{0}], [{1}], 4, {2};",
+            in(reg32) target, in(reg64) source as u64, in(reg32) valid,
+            options(nostack, preserves_flags),
+        )
+    }
+}
+
+/// Reads an f32 at a shared-memory offset.
+///
+/// # Safety
+/// `address` is a 4-byte aligned offset into this block's shared memory, written before a
+/// barrier that this thread has passed.
+#[inline(always)]
+pub unsafe fn load_shared_f32(address: u32) -> f32 {
+    let value: f32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.shared.f32 {v}, [{a}];", v = out(reg32) value, a = in(reg32) address, options(nostack, preserves_flags, readonly))
+    };
+    value
+}
+
 /// Closes the group of copies started since the last commit.
 #[inline(always)]
 pub fn cp_async_commit() {
