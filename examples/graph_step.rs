@@ -1,6 +1,8 @@
 //! Training steps captured once as CUDA graphs and replayed, against the same steps run
 //! eagerly: the n = 1024 tape step (`(x + y)·w`, sum, backward) and train_mlp's step (a
-//! [2, 128, 2] MLP, cross-entropy, Adam). Needs a CUDA device.
+//! [2, 128, 2] MLP, cross-entropy, Adam). Needs a CUDA device. A last row replays a chain of 7
+//! one-element adds, the floor under a 7-deep graph such as the MLP step's: what its nodes cost
+//! when their kernels do next to nothing.
 //!
 //! ```text
 //! cargo run --release --example graph_step            # prints a table last
@@ -270,6 +272,28 @@ struct Args {
     dot: Option<std::path::PathBuf>,
 }
 
+/// The depth of the chain row, the MLP step's.
+const CHAIN_DEPTH: usize = 7;
+
+/// The floor under a replay's depth: a graph of [`CHAIN_DEPTH`] one-element adds, each reading
+/// the one before, so that it runs as a chain of nodes doing next to no work.
+fn chain_floor(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<()> {
+    let x = random(1, 9, dev.device())?;
+    let run = || -> Result<Tensor> {
+        let mut y = x.clone();
+        for _ in 0..CHAIN_DEPTH {
+            y = opsmith::host::ops::add(&y, &x)?;
+        }
+        Ok(y)
+    };
+    run()?;
+    let (graph, _out) = Graph::capture(dev, run)?;
+    println!("chain: {} nodes, {} in a row", graph.node_count(), graph.depth());
+    let (e, wl) = time_blocks(&dev.current_stream(), 1000, blocks, || Ok(graph.replay()?))?;
+    rows.push(Row { step: "chain of 7 one-element adds", mode: "graph", events_us: e, wall_us: wl });
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = <Args as clap::Parser>::parse();
     let blocks = if args.quick { 3 } else { 7 };
@@ -284,20 +308,16 @@ fn main() -> Result<()> {
     let mut rows = Vec::new();
     small_step(&dev, blocks, args.dot.as_deref(), &mut rows)?;
     mlp_step(&dev, blocks, args.dot.as_deref(), &mut rows)?;
+    chain_floor(&dev, blocks, &mut rows)?;
 
     println!("\nper step, median of {blocks} blocks; speedup: eager's µs/step (events) over the row's");
     println!("| step | mode | µs/step (events) | µs/step (wall) | speedup vs eager |");
     println!("|---|---|---|---|---|");
     for row in &rows {
-        let eager = rows.iter().find(|r| r.step == row.step && r.mode == "eager").map_or(f64::NAN, |r| r.events_us);
-        println!(
-            "| {} | {} | {:.2} | {:.2} | {:.2}× |",
-            row.step,
-            row.mode,
-            row.events_us,
-            row.wall_us,
-            eager / row.events_us
-        );
+        let eager = rows.iter().find(|r| r.step == row.step && r.mode == "eager");
+        // The chain has no eager row to compare with.
+        let speedup = eager.map_or("–".to_string(), |e| format!("{:.2}×", e.events_us / row.events_us));
+        println!("| {} | {} | {:.2} | {:.2} | {speedup} |", row.step, row.mode, row.events_us, row.wall_us);
     }
     Ok(())
 }
