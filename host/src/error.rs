@@ -153,12 +153,13 @@ pub enum Error {
         /// The tensor's dtype.
         actual: DType,
     },
-    /// The element count is too large for one launch's indexing.
-    #[error("{op}: {elements} elements exceed the {limit} one launch can index")]
+    /// The element count is too large: for one launch's indexing, for the memory a host
+    /// allocation can address, or for `usize` itself (`elements` is then `u64::MAX`).
+    #[error("{}", too_large(op, *elements, *limit))]
     TooLarge {
         /// The operation or kernel.
         op: &'static str,
-        /// The element count.
+        /// The element count, `u64::MAX` when it overflows.
         elements: u64,
         /// The largest count allowed.
         limit: u64,
@@ -405,5 +406,15 @@ fn length_mismatch(expected: Option<u64>, actual: u64) -> String {
     match expected {
         Some(n) => format!("must hold {n} elements, got a tensor of {actual}"),
         None => format!("has a declared length that overflows for these scalar arguments (got a tensor of {actual})"),
+    }
+}
+
+/// [`Error::TooLarge`]'s message: an element count that overflows is said so, rather than
+/// printed as `u64::MAX`.
+fn too_large(op: &str, elements: u64, limit: u64) -> String {
+    if elements == u64::MAX {
+        format!("{op}: the shape's element count overflows (the limit is {limit} elements)")
+    } else {
+        format!("{op}: {elements} elements exceed the limit of {limit}")
     }
 }

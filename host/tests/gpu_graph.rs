@@ -118,6 +118,39 @@ fn a_replay_repeats_in_place_updates_and_cublas_matmuls() -> Result<()> {
 }
 
 #[test]
+fn fills_of_views_and_empty_edge_cases_are_captured_and_replayed() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = CudaDevice::get(0)?;
+    let (_stream, _on) = own_stream(&dev)?;
+    let start = values(9, 31);
+    let t = Tensor::from_vec(start.clone(), [9], GPU)?;
+    let h = Tensor::from_vec(values(5, 32).into_iter().map(half::f16::from_f32).collect(), [5], GPU)?;
+    // A fill of a view, one at an odd f16 offset, and ops whose results are zeros by a fill: a
+    // sum over an empty dim and a product with an empty inner dimension.
+    let record = || -> Result<[Tensor; 2]> {
+        t.flat_slice(2, 4)?.fill_(-4.5)?;
+        h.flat_slice(1, 3)?.fill_(0.25)?;
+        let empty = Tensor::empty([3, 0], DType::F32, GPU)?;
+        Ok([ops::sum_dim(&empty, 1, false)?, ops::matmul(&empty, &Tensor::empty([0, 2], DType::F32, GPU)?)?])
+    };
+    record()?;
+    t.copy_from_(&Tensor::from_vec(start.clone(), [9], GPU)?)?;
+    h.fill_(3.0)?;
+    let (graph, [sums, product]) = Graph::capture(&dev, record)?;
+    assert_eq!(t.to_vec::<f32>()?, start, "the capture ran nothing");
+    sums.fill_(7.0)?;
+    product.fill_(7.0)?;
+    graph.replay()?;
+    let mut want = start.clone();
+    want[2..6].fill(-4.5);
+    assert_eq!(t.to_vec::<f32>()?, want);
+    assert_eq!(h.to_vec::<half::f16>()?, [3.0, 0.25, 0.25, 0.25, 3.0].map(half::f16::from_f32));
+    assert_eq!(sums.to_vec::<f32>()?, [0.0; 3]);
+    assert_eq!(product.to_vec::<f32>()?, [0.0; 6]);
+    Ok(())
+}
+
+#[test]
 fn what_cannot_be_captured_is_a_typed_error_and_the_stream_stays_usable() -> Result<()> {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dev = CudaDevice::get(0)?;

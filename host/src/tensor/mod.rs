@@ -222,38 +222,52 @@ impl Tensor {
             // A memset of the value's bit pattern on the device: no host buffer, no copy.
             let stream = CudaDevice::get(ordinal)?.current_stream();
             let t = Tensor::uninit_on(&stream, shape, dtype)?;
-            if let StorageData::Cuda { device, bytes, uses, .. } = &t.storage.data
-                && n > 0
-            {
-                let bytes = bytes.write();
-                device.bind()?;
-                uses.write_on(&stream)?;
-                let capture = device.capture_on(&stream);
-                let base = storage::raw_address(&bytes);
-                let mut branch = false;
-                if let Some(capture) = &capture {
-                    capture.touch(&t.storage, true); // a replay fills it again
-                    // One node that writes exactly this allocation.
-                    branch = capture.begin_exact(&[(base, true)])?;
-                }
-                let cu_stream = stream.raw().cu_stream();
-                // SAFETY: the allocation holds exactly `n` elements of `dtype` (4 or 2 bytes, the
-                // width of the memset) and is aligned to the allocator's granularity; the write
-                // lock is held and the stream is ordered after the allocation's other users.
-                let status = unsafe {
-                    match pattern {
-                        FillPattern::Bits32(bits) => cudarc::driver::sys::cuMemsetD32Async(base, bits, n, cu_stream),
-                        FillPattern::Bits16(bits) => cudarc::driver::sys::cuMemsetD16Async(base, bits, n, cu_stream),
-                    }
-                };
-                if let (true, Some(capture)) = (branch, &capture) {
-                    capture.end_exact(&[(base, true)], status.result().is_ok())?;
-                }
-                status.result().map_err(|e| device.driver_error("cuMemsetAsync", e))?;
-            }
+            t.memset_on(&stream, pattern)?;
             return Ok(t);
         }
         with_element_type!(dtype, T => Tensor::from_vec(host_vec("Tensor::full", n, T::from_f64(value))?, shape, device))
+    }
+
+    /// Sets every element of this CUDA tensor (a view: only its own range) to `pattern` with a
+    /// device memset on `stream`, recorded as one node when a graph is being captured.
+    #[cfg(feature = "cuda")]
+    fn memset_on(&self, stream: &crate::cuda::Stream, pattern: FillPattern) -> Result<()> {
+        let n = self.elem_count();
+        let StorageData::Cuda { device, bytes, uses, .. } = &self.storage.data else {
+            return Err(Error::DeviceMismatch { op: "Tensor::fill_", lhs: Device::Cuda(0), rhs: self.device });
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let bytes = bytes.write();
+        device.bind()?;
+        uses.write_on(stream)?;
+        let capture = device.capture_on(stream);
+        let base = storage::raw_address(&bytes);
+        let mut branch = false;
+        if let Some(capture) = &capture {
+            capture.touch(&self.storage, true); // a replay fills it again
+            // One node that writes exactly this allocation.
+            branch = capture.begin_exact(&[(base, true)])?;
+        }
+        let first = base + (self.offset * self.dtype.size_in_bytes()) as u64;
+        let cu_stream = stream.raw().cu_stream();
+        // SAFETY: the view's `n` elements of its dtype (4 or 2 bytes, the width of the memset)
+        // start at `first`, inside the allocation and aligned to the element size (allocations
+        // are aligned to the allocator's granularity, views start on whole elements); the write
+        // lock is held and the stream is ordered after the allocation's other users.
+        let status = unsafe {
+            match pattern {
+                FillPattern::Bits32(bits) => cudarc::driver::sys::cuMemsetD32Async(first, bits, n, cu_stream),
+                FillPattern::Bits16(bits) => cudarc::driver::sys::cuMemsetD16Async(first, bits, n, cu_stream),
+            }
+        };
+        if let (true, Some(capture)) = (branch, &capture) {
+            capture.end_exact(&[(base, true)], status.result().is_ok())?;
+        }
+        status.result().map_err(|e| device.driver_error("cuMemsetAsync", e))?;
+        self.storage.bump_version();
+        Ok(())
     }
 
     /// A tensor of zeros.
@@ -627,7 +641,8 @@ impl Tensor {
     }
 
     /// Sets every element to `value` (rounded to the dtype), in place: every view of the same
-    /// memory sees it. Tests use it to poison outputs.
+    /// memory sees it. On CUDA it is a device memset (f64 and i64 tensors are written from the
+    /// host), so it can be recorded in a graph. Tests use it to poison outputs.
     ///
     /// ```
     /// # fn main() -> opsmith_host::Result<()> {
@@ -638,8 +653,14 @@ impl Tensor {
     /// # Ok(()) }
     /// ```
     pub fn fill_(&self, value: f64) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let (StorageData::Cuda { device, .. }, Some(pattern)) = (&self.storage.data, fill_pattern(value, self.dtype))
+        {
+            // On the device, as `full` fills: no host buffer, and it can be captured in a graph.
+            return self.memset_on(&device.current_stream(), pattern);
+        }
         let n = self.elem_count();
-        with_element_type!(self.dtype, T => self.write_values::<T>(&vec![T::from_f64(value); n]))
+        with_element_type!(self.dtype, T => self.write_values::<T>(&host_vec("Tensor::fill_", n, T::from_f64(value))?))
     }
 
     /// Overwrites this tensor's elements with `src`'s (same shape, dtype and device), in place.

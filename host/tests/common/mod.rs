@@ -396,6 +396,17 @@ pub fn views_share_memory(device: Device) -> Result<()> {
     assert_eq!(values(&t)?, [1.0, 2.0, 9.0, 9.0, 9.0, 6.0]);
     assert_eq!(values(&copy)?, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     assert_eq!(t.dims(), [2, 3]);
+    // A fill writes its view's range only, in every dtype (odd offsets included), and bumps the
+    // version as any in-place write does.
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64, DType::U32, DType::I64] {
+        let t = tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], dtype, device)?;
+        let before = t.version();
+        t.flat_slice(1, 3)?.fill_(9.0)?;
+        assert_eq!(values(&t)?, [1.0, 9.0, 9.0, 9.0, 5.0, 6.0, 7.0], "{dtype}");
+        assert!(t.version() > before, "{dtype}: a fill must bump the version");
+        t.flat_slice(4, 0)?.fill_(0.0)?;
+        assert_eq!(values(&t)?, [1.0, 9.0, 9.0, 9.0, 5.0, 6.0, 7.0], "{dtype}: an empty view's fill");
+    }
     Ok(())
 }
 
