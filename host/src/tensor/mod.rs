@@ -234,7 +234,11 @@ impl Tensor {
     fn memset_on(&self, stream: &crate::cuda::Stream, pattern: FillPattern) -> Result<()> {
         let n = self.elem_count();
         let StorageData::Cuda { device, bytes, uses, .. } = &self.storage.data else {
-            return Err(Error::DeviceMismatch { op: "Tensor::fill_", lhs: Device::Cuda(0), rhs: self.device });
+            // Callers pass CUDA tensors only.
+            return Err(Error::InvalidArgument {
+                op: "Tensor::fill_",
+                reason: "a device memset got a CPU tensor".into(),
+            });
         };
         if n == 0 {
             return Ok(());
