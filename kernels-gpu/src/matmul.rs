@@ -8,18 +8,23 @@
 //! for `b`; `c` is row-major `[batch, m, n]`. Each output is one dot product, accumulated in f32
 //! with FMAs in a fixed order, so every run gives the same bits.
 //!
-//! Three thread mappings, for the shapes of small product, by the length of the inner dimension:
-//! * `matmul_small_thread`: one thread per output, for a short one (a layer's forward from few
-//!   inputs, `[1024, 2] · [2, 128]`);
-//! * `matmul_small_warp`: one warp per output, its lanes splitting the inner dimension and
-//!   adding their sums as a tree, for a middling one (`[1024, 128] · [128, 2]`);
-//! * `matmul_small_block`: one block per output, for a long one (a weight gradient,
-//!   `[128, 1024] · [1024, 2]`).
+//! Four thread mappings, for the shapes of small product, by the length of the inner dimension:
+//! * `matmul_small_thread`: one thread per four neighbouring outputs of a row, for a short one
+//!   (a layer's forward from few inputs, `[1024, 2] · [2, 128]`);
+//! * `matmul_small_warp`: one warp per four neighbouring outputs of a row, its lanes splitting
+//!   the inner dimension and adding their sums as a tree, for a middling one
+//!   (`[1024, 128] · [128, 2]`);
+//! * `matmul_small_columns`: one block per eight neighbouring outputs of a row, for a long one
+//!   with `b` read by rows (a weight gradient, `[2, 1024] · [1024, 128]`): the block's threads
+//!   split the inner dimension into slices, and the eight threads of a slice read 32 contiguous
+//!   bytes of a row of `b`;
+//! * `matmul_small_block`: one block per output, for a long one with `b` read by columns.
 //!
-//! Each mapping also comes as a `linear_small_*` kernel, a linear layer `act(a · b + bias)`: the
-//! bias (by column) is added to each output's f32 sum and a ReLU, when asked for, applied before
-//! the one rounding, so a small layer with its bias and activation is one launch, where the ops
-//! apart are three (in a captured graph, three nodes one after another).
+//! The thread, warp and column mappings also come as `linear_small_*` kernels, a linear layer
+//! `act(a · b + bias)` (a layer's weight is read by rows, so a long layer takes the column
+//! mapping): the bias (by column) is added to each output's f32 sum and a ReLU, when asked for,
+//! applied before the one rounding, so a small layer with its bias and activation is one
+//! launch, where the ops apart are three (in a captured graph, three nodes one after another).
 //!
 //! Every thread keeps several loads in flight ([`strided_fold`](crate::device::unroll)): a small
 //! product is bound by memory latency, not by bandwidth or arithmetic.
@@ -90,9 +95,10 @@ macro_rules! matmul_family {
             small_thread: $thread:ident,
             small_warp: $warp:ident,
             small_block: $block:ident,
+            small_columns: $columns:ident,
             linear_thread: $lthread:ident,
             linear_warp: $lwarp:ident,
-            linear_block: $lblock:ident $(,)?
+            linear_columns: $lcolumns:ident $(,)?
         }
     ) => {
         $(#[$table_doc])*
@@ -101,36 +107,40 @@ macro_rules! matmul_family {
             small_thread: $thread,
             small_warp: $warp,
             small_block: $block,
+            small_columns: $columns,
             linear_thread: $lthread,
             linear_warp: $lwarp,
-            linear_block: $lblock,
+            linear_columns: $lcolumns,
         };
 
         small_product_kernel! {
-            /// `c[b, i, j] = Σ_k a[b, i, k] · b[b, k, j]` with one thread per output: thread `t`
-            /// (grid-stride) computes output `t` in row-major order, adding the products in
-            /// order of `k` with FMAs in f32 (four loads in flight). Neighbouring threads take
-            /// neighbouring `j`, so they read neighbouring values of `b`'s row when
-            /// `b_col_stride` is 1.
+            /// `c[b, i, j] = Σ_k a[b, i, k] · b[b, k, j]` with one thread per run of four
+            /// neighbouring outputs of a row (fewer at a row's end): thread `t` (grid-stride)
+            /// computes run `t` in row-major order, reading each value of its row of `a` once and
+            /// adding each output's products in order of `k` with FMAs in f32 (two steps of `k`
+            /// in flight). Neighbouring threads take neighbouring runs, so they read neighbouring
+            /// values of `b`'s row when `b_col_stride` is 1.
             ///
             /// # Safety
             /// `a` is valid for `batch·m·k` elements, `b` for `batch·k·n` and `c` for
             /// `batch·m·n`; every `(i, k)` with `i < m`, `k < k` has
             /// `i·a_row_stride + k·a_col_stride < m·k` (likewise for `b` with `k·n`); `c`
             /// overlaps neither input.
-            $thread, $elem, thread_per_output
+            $thread, $elem, thread_per_run
         }
 
         small_product_kernel! {
-            /// `c[b, i, j] = Σ_k a[b, i, k] · b[b, k, j]` with one warp per output (warps
-            /// grid-stride over the outputs in row-major order): lane `l` adds the products for
-            /// `k = l, l + 32, …` in order with FMAs in f32 (eight loads in flight), then the
-            /// warp adds its lanes' sums as a tree and lane 0 writes the output.
+            /// `c[b, i, j] = Σ_k a[b, i, k] · b[b, k, j]` with one warp per run of four
+            /// neighbouring outputs of a row (fewer at a row's end; warps grid-stride over the
+            /// runs in row-major order): lane `l` adds each output's products for
+            /// `k = l, l + 32, …` in order with FMAs in f32 (four steps of `k` in flight), reading
+            /// each value of the row of `a` once for the run, then the warp adds its lanes' sums
+            /// as a tree and lane 0 writes the run.
             ///
             /// # Safety
-            /// As for the thread-per-output kernel of this family; besides, `blockDim.x` is a
+            /// As for the thread kernel of this family; besides, `blockDim.x` is a
             /// multiple of 32 (every warp whole).
-            $warp, $elem, warp_per_output
+            $warp, $elem, warp_per_run
         }
 
         small_product_kernel! {
@@ -141,43 +151,62 @@ macro_rules! matmul_family {
             /// and thread 0 writes the output.
             ///
             /// # Safety
-            /// As for the thread-per-output kernel of this family; besides, `blockDim.x` is a
+            /// As for the thread kernel of this family; besides, `blockDim.x` is a
             /// multiple of 32, at most 1024, and `blockDim.y = blockDim.z = 1`.
             $block, $elem, block_per_output
         }
 
+        small_product_kernel! {
+            /// `c[b, i, j] = Σ_k a[b, i, k] · b[b, k, j]` with one block per tile of eight
+            /// neighbouring outputs of a row (blocks grid-stride over the tiles, row-major): thread
+            /// `t` takes column `t % 8` of the tile and slice `t / 8` of the inner dimension,
+            /// adding the products for `k = s, s + S, …` (`S = blockDim.x / 8` slices) in order
+            /// with FMAs in f32 (eight loads in flight); each warp adds its four slices of a column
+            /// by shuffles, and the warps' sums are added in warp order
+            /// ([`LaneSums`](crate::device::block::LaneSums)). For a long inner dimension with
+            /// `b`'s rows contiguous (`b_col_stride` 1): the eight threads of a slice read 32
+            /// neighbouring bytes of a row of `b`, where a block per output would read a column.
+            /// The order of the additions depends only on the block size, so every run with it
+            /// gives the same bits.
+            ///
+            /// # Safety
+            /// As for the thread kernel of this family; besides, `blockDim.x` is a
+            /// multiple of 32, at most 1024, and `blockDim.y = blockDim.z = 1`.
+            $columns, $elem, columns_per_block
+        }
+
         small_linear_kernel! {
             /// A linear layer, `c[b, i, j] = act(Σ_k a[b, i, k] · b[b, k, j] + bias[j])`, with
-            /// `act` the identity, or ReLU when `relu` is non-zero: the thread-per-output product
+            /// `act` the identity, or ReLU when `relu` is non-zero: the thread product
             /// of this family, the bias added to the f32 sum and the ReLU applied before the one
             /// rounding to the element type.
             ///
             /// # Safety
-            /// As for the thread-per-output product of this family; besides, `bias` is valid for
+            /// As for the thread product of this family; besides, `bias` is valid for
             /// `n` elements and `c` does not overlap it.
-            $lthread, $elem, thread_per_output
+            $lthread, $elem, thread_per_run
         }
 
         small_linear_kernel! {
             /// A linear layer, `c[b, i, j] = act(Σ_k a[b, i, k] · b[b, k, j] + bias[j])` (`act` as
-            /// for the thread-per-output linear kernel of this family), with one warp per output
-            /// as the warp-per-output product of this family.
+            /// for the thread linear kernel of this family), with one warp per run of outputs as
+            /// the warp product of this family.
             ///
             /// # Safety
-            /// As for the warp-per-output product of this family; besides, `bias` is valid for
+            /// As for the warp product of this family; besides, `bias` is valid for
             /// `n` elements and `c` does not overlap it.
-            $lwarp, $elem, warp_per_output
+            $lwarp, $elem, warp_per_run
         }
 
         small_linear_kernel! {
             /// A linear layer, `c[b, i, j] = act(Σ_k a[b, i, k] · b[b, k, j] + bias[j])` (`act` as
-            /// for the thread-per-output linear kernel of this family), with one block per output
-            /// as the block-per-output product of this family.
+            /// for the thread linear kernel of this family), with a block per tile of
+            /// eight outputs as the column-split product of this family.
             ///
             /// # Safety
-            /// As for the block-per-output product of this family; besides, `bias` is valid for
-            /// `n` elements and `c` does not overlap it.
-            $lblock, $elem, block_per_output
+            /// As for the column-split product of this family; besides, `bias` is valid for `n`
+            /// elements and `c` does not overlap it.
+            $lcolumns, $elem, columns_per_block
         }
     };
 }
@@ -213,64 +242,202 @@ impl<T: crate::device::element::Element> Epilogue<T> {
     /// A plain product: the sum as it is.
     const NONE: Self = Epilogue { bias: core::ptr::null(), relu: false };
 
-    /// The output at column `j` from its sum `acc`.
+    /// The bias of column `j` (unused without a bias), read before the sum so that its load is
+    /// in flight with the operands'.
     ///
     /// # Safety
     /// `bias` is null or valid for more than `j` elements.
     #[inline(always)]
-    unsafe fn apply(self, acc: f32, j: u64) -> f32 {
+    unsafe fn bias_at(self, j: u64) -> f32 {
         // SAFETY: forwarded from this function's contract.
-        let biased = if self.bias.is_null() { acc } else { acc + unsafe { self.bias.add(j as usize).read() }.to_f32() };
+        if self.bias.is_null() { 0.0 } else { unsafe { self.bias.add(j as usize).read() }.to_f32() }
+    }
+
+    /// The output from its sum `acc` and its column's [`bias_at`](Self::bias_at).
+    #[inline(always)]
+    fn apply(self, acc: f32, bias: f32) -> f32 {
+        // Without a bias the sum stays as it is (adding 0 would turn −0 into +0).
+        let biased = if self.bias.is_null() { acc } else { acc + bias };
         // The relu kernels' ReLU: NaN stays NaN, −0 becomes +0.
         if self.relu { crate::activation::relu(biased) } else { biased }
     }
 }
 
-/// The body of the thread-per-output kernels: grid-stride over the outputs, one each.
+/// Neighbouring outputs of a row that each thread of the thread mapping, and each warp of the
+/// warp mapping, computes: it reads its row's values of `a` once for all of them and does its
+/// index arithmetic once. A small product's time is mostly instructions issued per output, not
+/// memory.
+#[cfg(target_arch = "nvptx64")]
+const RUN: usize = 4;
+
+/// One run of up to [`RUN`] neighbouring outputs of a row: outputs `(matrix, i, j0 + jj)` for
+/// `jj < width`.
+#[cfg(target_arch = "nvptx64")]
+#[derive(Clone, Copy)]
+struct Run {
+    /// The offset of `a`'s row `i` in its matrix, and of `b`'s column `j0`.
+    a_row: u64,
+    b_col: u64,
+    /// The offset of the run's first output in `c`.
+    out: u64,
+    j0: u64,
+    /// At least 1: `j0 < n`.
+    width: u64,
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl Run {
+    /// The runs of a product: `batch · m · ⌈n / RUN⌉` of them, row-major; `None` when there
+    /// are none.
+    #[inline(always)]
+    fn count<T>(p: &Product<T>) -> Option<(NonZeroU64, NonZeroU64)> {
+        let per_row = NonZeroU64::new(p.n.div_ceil(RUN as u64))?;
+        let per_matrix = NonZeroU64::new(p.m * per_row.get())?;
+        Some((per_row, per_matrix))
+    }
+
+    /// Run `run` (row-major) of `p`, given [`count`](Self::count)'s divisors. The divisors are
+    /// non-zero by type, so the divisions have no panic path.
+    #[inline(always)]
+    fn at<T>(p: &Product<T>, run: u64, (per_row, per_matrix): (NonZeroU64, NonZeroU64)) -> Self {
+        let (matrix, within) = (run / per_matrix, run % per_matrix);
+        let (i, j0) = (within / per_row, within % per_row * RUN as u64);
+        Run {
+            a_row: matrix * p.m * p.k + i * p.a_strides.0,
+            b_col: matrix * p.k * p.n + j0 * p.b_strides.1,
+            out: matrix * p.m * p.n + i * p.n + j0,
+            j0,
+            width: (p.n - j0).min(RUN as u64),
+        }
+    }
+
+    /// Whether output `jj` of the run lies inside the row.
+    #[inline(always)]
+    fn inside(self, jj: usize) -> bool {
+        (jj as u64) < self.width
+    }
+
+    /// The biases of the run's columns (unused ones 0).
+    ///
+    /// # Safety
+    /// `epilogue`'s bias is null or valid for `n` elements, and the run is one of `p`'s.
+    #[inline(always)]
+    unsafe fn biases<T: crate::device::element::Element>(self, epilogue: Epilogue<T>) -> [f32; RUN] {
+        let mut bias = [0.0f32; RUN];
+        // SAFETY: j0 + jj < n.
+        crate::device::unroll::unroll::<RUN>(|jj| {
+            if self.inside(jj) {
+                bias[jj] = unsafe { epilogue.bias_at(self.j0 + jj as u64) };
+            }
+        });
+        bias
+    }
+
+    /// Row `i`'s value of `a` at `kk` and the run's values of `b`'s row `kk` (unused ones 0).
+    ///
+    /// # Safety
+    /// `kk < k`, the run is one of `p`'s, and `p` satisfies its kernel's contract (the offsets
+    /// are then inside matrix `matrix` of each operand).
+    #[inline(always)]
+    unsafe fn load<T: crate::device::element::Element>(self, p: &Product<T>, kk: u64) -> (f32, [f32; RUN]) {
+        let mut b = [0.0f32; RUN];
+        let b_at = self.b_col + kk * p.b_strides.0;
+        // SAFETY: forwarded from this function's contract; j0 + jj < n.
+        crate::device::unroll::unroll::<RUN>(|jj| {
+            if self.inside(jj) {
+                b[jj] = unsafe { p.b.add((b_at + jj as u64 * p.b_strides.1) as usize).read() }.to_f32();
+            }
+        });
+        // SAFETY: as above.
+        (unsafe { p.a.add((self.a_row + kk * p.a_strides.1) as usize).read() }.to_f32(), b)
+    }
+
+    /// Writes the run's outputs from their sums and biases.
+    ///
+    /// # Safety
+    /// The run is one of `p`'s, which satisfies its kernel's contract.
+    #[inline(always)]
+    unsafe fn store<T: crate::device::element::Element>(
+        self,
+        p: &Product<T>,
+        epilogue: Epilogue<T>,
+        sums: [f32; RUN],
+        bias: [f32; RUN],
+    ) {
+        crate::device::unroll::unroll::<RUN>(|jj| {
+            if self.inside(jj) {
+                // SAFETY: out + jj < batch·m·n, the output (matrix, i, j0 + jj).
+                unsafe {
+                    p.c.add((self.out + jj as u64) as usize).write(T::from_f32(epilogue.apply(sums[jj], bias[jj])))
+                };
+            }
+        });
+    }
+}
+
+/// Each of a run's sums advanced by one step of `k`: `acc[jj] += x · y[jj]`, an FMA.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn fma_run(mut acc: [f32; RUN], (x, y): (f32, [f32; RUN])) -> [f32; RUN] {
+    crate::device::unroll::unroll::<RUN>(|jj| acc[jj] = crate::device::math::fma(x, y[jj], acc[jj]));
+    acc
+}
+
+/// The body of the thread kernels: grid-stride over the runs, one each, adding each output's
+/// products in order of `k`.
 ///
 /// # Safety
 /// The contract of `matmul_small_thread_*`, and `epilogue`'s bias null or valid for `n` elements.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn thread_per_output<T: crate::device::element::Element>(p: Product<T>, epilogue: Epilogue<T>) {
-    use crate::device::{index, math::fma, unroll::strided_fold};
-    let (Some(n_nz), Some(per_matrix)) = (NonZeroU64::new(p.n), NonZeroU64::new(p.m * p.n)) else {
+unsafe fn thread_per_run<T: crate::device::element::Element>(p: Product<T>, epilogue: Epilogue<T>) {
+    use crate::device::{index, unroll::strided_fold};
+    let Some(divisors) = Run::count(&p) else {
         return;
     };
-    for out in index::GridStride::over(0, p.batch * per_matrix.get()) {
-        let (a_row, b_col, j) = dot_origin(out, p.m, p.k, n_nz, per_matrix, (p.a_strides.0, p.b_strides.1));
-        // SAFETY: kk < k, so the offsets are inside matrix `matrix` of each operand (the
-        // contract on the strides).
-        let load = |kk: u64| unsafe { load_pair(p.a, p.b, a_row + kk * p.a_strides.1, b_col + kk * p.b_strides.0) };
-        let acc = strided_fold::<4, (f32, f32), f32>(0, p.k, 1, 0.0, load, |acc, (x, y)| fma(x, y, acc));
-        // SAFETY: out < batch·m·n and j < n.
-        unsafe { p.c.add(out as usize).write(T::from_f32(epilogue.apply(acc, j))) };
+    for index in index::GridStride::over(0, p.batch * divisors.1.get()) {
+        let run = Run::at(&p, index, divisors);
+        // SAFETY (all three): the run is one of p's; kk < k.
+        let bias = unsafe { run.biases(epilogue) };
+        let sums = strided_fold::<2, _, _>(0, p.k, 1, [0.0; RUN], |kk| unsafe { run.load(&p, kk) }, fma_run);
+        unsafe { run.store(&p, epilogue, sums, bias) };
     }
 }
 
-/// The body of the warp-per-output kernels.
+/// The body of the warp kernels: warps grid-stride over the runs, lane `l` adding each output's
+/// products for `k = l, l + 32, …` in order, then the warp adding its lanes' sums as a tree.
 ///
 /// # Safety
 /// The contract of `matmul_small_warp_*`, and `epilogue`'s bias null or valid for `n` elements.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn warp_per_output<T: crate::device::element::Element>(p: Product<T>, epilogue: Epilogue<T>) {
-    use crate::device::{index, math::fma, unroll::strided_fold, warp};
-    let (Some(n_nz), Some(per_matrix)) = (NonZeroU64::new(p.n), NonZeroU64::new(p.m * p.n)) else {
+unsafe fn warp_per_run<T: crate::device::element::Element>(p: Product<T>, epilogue: Epilogue<T>) {
+    use crate::device::{
+        index,
+        unroll::{strided_fold, unroll},
+        warp,
+    };
+    let Some(divisors) = Run::count(&p) else {
         return;
     };
     let lane = warp::lane_id() as u64;
-    // Every lane of a warp takes the same outputs, so the warp stays converged.
-    for out in index::GridStride::over_warps(p.batch * per_matrix.get()) {
-        let (a_row, b_col, j) = dot_origin(out, p.m, p.k, n_nz, per_matrix, (p.a_strides.0, p.b_strides.1));
-        // SAFETY: as in the thread-per-output body: kk < k.
-        let load = |kk: u64| unsafe { load_pair(p.a, p.b, a_row + kk * p.a_strides.1, b_col + kk * p.b_strides.0) };
-        let acc = strided_fold::<8, (f32, f32), f32>(lane, p.k, 32, 0.0, load, |acc, (x, y)| fma(x, y, acc));
-        // SAFETY: the whole warp is here (converged: same outputs for every lane).
-        let total = unsafe { warp::warp_sum(acc) };
+    // Every lane of a warp takes the same runs, so the warp stays converged.
+    for index in index::GridStride::over_warps(p.batch * divisors.1.get()) {
+        let run = Run::at(&p, index, divisors);
+        // Every lane reads the biases (one address each, one transaction), with its operands.
+        // SAFETY (both): the run is one of p's; kk < k.
+        let bias = unsafe { run.biases(epilogue) };
+        let sums = strided_fold::<4, _, _>(lane, p.k, 32, [0.0; RUN], |kk| unsafe { run.load(&p, kk) }, fma_run);
+        let mut totals = [0.0f32; RUN];
+        unroll::<RUN>(|jj| {
+            if run.inside(jj) {
+                // SAFETY: the whole warp is here: `width` is the same for every lane.
+                totals[jj] = unsafe { warp::warp_sum(sums[jj]) };
+            }
+        });
         if lane == 0 {
-            // SAFETY: out < batch·m·n and j < n.
-            unsafe { p.c.add(out as usize).write(T::from_f32(epilogue.apply(total, j))) };
+            // SAFETY: the run is one of p's.
+            unsafe { run.store(&p, epilogue, totals, bias) };
         }
     }
 }
@@ -293,14 +460,72 @@ unsafe fn block_per_output<T: crate::device::element::Element>(p: Product<T>, ep
     // Every thread of a block takes the same outputs, so all reach each barrier.
     for out in index::GridStride::over_blocks(p.batch * per_matrix.get()) {
         let (a_row, b_col, j) = dot_origin(out, p.m, p.k, n_nz, per_matrix, (p.a_strides.0, p.b_strides.1));
-        // SAFETY: as in the thread-per-output body: kk < k.
+        // SAFETY: j < n.
+        let bias = unsafe { epilogue.bias_at(j) };
+        // SAFETY: as in the thread body: kk < k.
         let load = |kk: u64| unsafe { load_pair(p.a, p.b, a_row + kk * p.a_strides.1, b_col + kk * p.b_strides.0) };
         let acc = strided_fold::<4, (f32, f32), f32>(thread, p.k, threads, 0.0, load, |acc, (x, y)| fma(x, y, acc));
         // SAFETY: every thread of the block calls it, once per output (see above).
         let total = unsafe { reduce.sum(acc) };
         if thread == 0 {
-            // SAFETY: out < batch·m·n and j < n.
-            unsafe { p.c.add(out as usize).write(T::from_f32(epilogue.apply(total, j))) };
+            // SAFETY: out < batch·m·n.
+            unsafe { p.c.add(out as usize).write(T::from_f32(epilogue.apply(total, bias))) };
+        }
+    }
+}
+
+/// Outputs per tile of the column-split kernels: eight neighbouring columns of a row, 32 bytes
+/// of a row of `b` in f32 (a whole sector), the eight threads of a slice reading them at once.
+#[cfg(target_arch = "nvptx64")]
+const TILE_COLUMNS: u64 = 8;
+
+/// The body of the column-split kernels.
+///
+/// # Safety
+/// The contract of `matmul_small_columns_*`, and `epilogue`'s bias null or valid for `n`
+/// elements.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn columns_per_block<T: crate::device::element::Element>(p: Product<T>, epilogue: Epilogue<T>) {
+    use crate::device::{block::LaneSums, index, math::fma, unroll::strided_fold, warp};
+    use core::arch::nvptx;
+    let mut sums = LaneSums::new();
+    let groups = p.n.div_ceil(TILE_COLUMNS);
+    let (Some(groups_nz), Some(per_matrix)) = (NonZeroU64::new(groups), NonZeroU64::new(p.m * groups)) else {
+        return;
+    };
+    // SAFETY: reading the special registers has no preconditions.
+    let (thread, threads) = unsafe { (nvptx::_thread_idx_x() as u64, nvptx::_block_dim_x() as u64) };
+    let (column, slice, slices) = (thread % TILE_COLUMNS, thread / TILE_COLUMNS, (threads / TILE_COLUMNS).max(1));
+    // Every thread of a block takes the same tiles, so all reach each barrier together.
+    for tile in index::GridStride::over_blocks(p.batch * per_matrix.get()) {
+        let (matrix, within) = (tile / per_matrix, tile % per_matrix);
+        let (i, j) = (within / groups_nz, within % groups_nz * TILE_COLUMNS + column);
+        let inside = j < p.n;
+        let (a_row, b_col) = (matrix * p.m * p.k + i * p.a_strides.0, matrix * p.k * p.n + j * p.b_strides.1);
+        // SAFETY: j < n.
+        let bias = if inside { unsafe { epilogue.bias_at(j) } } else { 0.0 };
+        // SAFETY: as in the thread body: kk < k (and j < n).
+        let load = |kk: u64| unsafe { load_pair(p.a, p.b, a_row + kk * p.a_strides.1, b_col + kk * p.b_strides.0) };
+        let acc = if inside {
+            strided_fold::<8, (f32, f32), f32>(slice, p.k, slices, 0.0, load, |acc, (x, y)| fma(x, y, acc))
+        } else {
+            0.0
+        };
+        // Lanes c, c + 8, c + 16 and c + 24 of a warp hold four slices of column c: the butterfly
+        // leaves their sum, the same bits, in each of them.
+        // SAFETY: the whole warp is here (the branches above have rejoined).
+        let acc = unsafe {
+            let pairs = acc + warp::xor_shuffle(acc, 8);
+            pairs + warp::xor_shuffle(pairs, 16)
+        };
+        // SAFETY: every thread of the block calls it, once per tile (see above).
+        let total = unsafe { sums.sum_to_first_warp(acc) };
+        if thread < TILE_COLUMNS && inside {
+            // SAFETY: matrix < batch, i < m and j < n.
+            unsafe {
+                p.c.add((matrix * p.m * p.n + i * p.n + j) as usize).write(T::from_f32(epilogue.apply(total, bias)))
+            };
         }
     }
 }
@@ -333,9 +558,10 @@ matmul_family! {
         small_thread: matmul_small_thread_f32,
         small_warp: matmul_small_warp_f32,
         small_block: matmul_small_block_f32,
+        small_columns: matmul_small_columns_f32,
         linear_thread: linear_small_thread_f32,
         linear_warp: linear_small_warp_f32,
-        linear_block: linear_small_block_f32,
+        linear_columns: linear_small_columns_f32,
     }
 }
 
@@ -345,9 +571,10 @@ matmul_family! {
         small_thread: matmul_small_thread_f16,
         small_warp: matmul_small_warp_f16,
         small_block: matmul_small_block_f16,
+        small_columns: matmul_small_columns_f16,
         linear_thread: linear_small_thread_f16,
         linear_warp: linear_small_warp_f16,
-        linear_block: linear_small_block_f16,
+        linear_columns: linear_small_columns_f16,
     }
 }
 
@@ -357,8 +584,9 @@ matmul_family! {
         small_thread: matmul_small_thread_bf16,
         small_warp: matmul_small_warp_bf16,
         small_block: matmul_small_block_bf16,
+        small_columns: matmul_small_columns_bf16,
         linear_thread: linear_small_thread_bf16,
         linear_warp: linear_small_warp_bf16,
-        linear_block: linear_small_block_bf16,
+        linear_columns: linear_small_columns_bf16,
     }
 }

@@ -493,30 +493,36 @@ impl AttentionKernels {
 #[allow(clippy::type_complexity)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatmulKernels {
-    /// One thread per output: for a short inner dimension.
+    /// One thread per run of four neighbouring outputs of a row: for a short inner dimension.
     pub small_thread: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
-    /// One warp per output, the lanes splitting the inner dimension: for a middling one.
+    /// One warp per run of four neighbouring outputs of a row, the lanes splitting the inner
+    /// dimension: for a middling one.
     pub small_warp: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
     /// One block per output, the threads splitting the inner dimension: for a long one.
     pub small_block: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
-    /// A linear layer, `act(a · b + bias)`, one thread per output.
+    /// One block per eight neighbouring outputs of a row, the threads splitting the inner
+    /// dimension eight ways fewer: for a long one with `b`'s rows contiguous.
+    pub small_columns: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
+    /// A linear layer, `act(a · b + bias)`, one thread per run of outputs.
     pub linear_thread: KernelDecl<(In, In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64, u32)>,
-    /// A linear layer, one warp per output.
+    /// A linear layer, one warp per run of outputs.
     pub linear_warp: KernelDecl<(In, In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64, u32)>,
-    /// A linear layer, one block per output.
-    pub linear_block: KernelDecl<(In, In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64, u32)>,
+    /// A linear layer, one block per eight neighbouring outputs of a row: for a long inner
+    /// dimension (a layer's weight is always read untransposed, by rows).
+    pub linear_columns: KernelDecl<(In, In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64, u32)>,
 }
 
 impl MatmulKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 6] {
+    pub const fn all(&self) -> [&'static str; 7] {
         [
             self.small_thread.name(),
             self.small_warp.name(),
             self.small_block.name(),
+            self.small_columns.name(),
             self.linear_thread.name(),
             self.linear_warp.name(),
-            self.linear_block.name(),
+            self.linear_columns.name(),
         ]
     }
 }

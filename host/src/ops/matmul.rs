@@ -315,14 +315,18 @@ fn compute(p: &Product, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
 /// 39.4 µs with them and 57.5 µs with cuBLAS for every product (BENCHMARKS.md).
 pub const SMALL_PRODUCT_MACS: u64 = 1 << 20;
 
-/// Up to this inner dimension a small product takes one thread per output.
+/// Up to this inner dimension a small product takes one thread per run of four neighbouring
+/// outputs of a row.
 #[cfg(feature = "cuda")]
-const THREAD_PER_OUTPUT_MAX_K: usize = 32;
+const THREAD_MAPPING_MAX_K: usize = 32;
 
-/// Up to this inner dimension (8 products a lane) a small product takes one warp per output,
-/// beyond it one block of [`DEFAULT_BLOCK`](crate::cuda::DEFAULT_BLOCK) threads.
+/// Up to this inner dimension (8 products a lane) a small product takes one warp per run of
+/// four neighbouring outputs of a row.
+/// Beyond it, a block per eight outputs of a row when `b`'s rows are contiguous and hold eight
+/// columns or more (the threads splitting the inner dimension and reading `b` by rows), else a
+/// block of [`DEFAULT_BLOCK`](crate::cuda::DEFAULT_BLOCK) threads per output.
 #[cfg(feature = "cuda")]
-const WARP_PER_OUTPUT_MAX_K: usize = 256;
+const WARP_MAPPING_MAX_K: usize = 256;
 
 /// The CUDA half of a small product: one launch of a `matmul` kernel, the operands read in place
 /// through strides (a transposed operand's rows are its stored columns).
@@ -337,6 +341,7 @@ fn small(p: &Product, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
         Mapping::Thread => cuda::launch(table.small_thread, grid.0, args),
         Mapping::Warp => cuda::launch(table.small_warp, grid.0, args),
         Mapping::Block => cuda::launch(table.small_block, grid.0, args),
+        Mapping::Columns => cuda::launch(table.small_columns, grid.0, args),
     }
 }
 
@@ -351,7 +356,9 @@ fn small_linear(p: &Product, x: &Tensor, w: &Tensor, bias: &Tensor, relu: bool, 
     match grid.1 {
         Mapping::Thread => cuda::launch(table.linear_thread, grid.0, args),
         Mapping::Warp => cuda::launch(table.linear_warp, grid.0, args),
-        Mapping::Block => cuda::launch(table.linear_block, grid.0, args),
+        // A layer's weight is read by rows, so a long inner dimension maps to `Columns`; the
+        // column-split kernel is correct for any strides, so `Block` needs no kernel of its own.
+        Mapping::Block | Mapping::Columns => cuda::launch(table.linear_columns, grid.0, args),
     }
 }
 
@@ -362,6 +369,7 @@ enum Mapping {
     Thread,
     Warp,
     Block,
+    Columns,
 }
 
 /// A small product's size arguments (`batch, m, k, n` and the operands' row and column strides,
@@ -375,12 +383,39 @@ fn small_launch(p: &Product) -> ([u64; 8], (crate::cuda::Grid, Mapping)) {
     // Element (kk, j) of b's matrix: stored [k, n] at kk·n + j, stored [n, k] at j·k + kk.
     let (b_row, b_col) = if p.transpose_b { (1, k) } else { (n, 1) };
     let outputs = (p.batch * p.m * p.n) as u64;
-    let (mapping, threads_per_output) = match p.k {
-        k if k <= THREAD_PER_OUTPUT_MAX_K => (Mapping::Thread, 1),
-        k if k <= WARP_PER_OUTPUT_MAX_K => (Mapping::Warp, 32),
-        _ => (Mapping::Block, u64::from(cuda::DEFAULT_BLOCK)),
+    let sizes = [p.batch as u64, m, k, n, a_row, a_col, b_row, b_col];
+    // Runs of up to four neighbouring outputs of a row (the thread and warp kernels' unit).
+    let runs = (p.batch * p.m) as u64 * n.div_ceil(4);
+    let grid = match p.k {
+        // A thread per run of four neighbouring outputs of a row.
+        k if k <= THREAD_MAPPING_MAX_K => (Grid::covering(runs), Mapping::Thread),
+        // A warp per run of four neighbouring outputs of a row.
+        k if k <= WARP_MAPPING_MAX_K => (Grid::covering(runs * 32), Mapping::Warp),
+        // b's rows contiguous: a block per eight outputs of a row, reading b by rows (with
+        // fewer than eight columns, most of its threads would idle: a block per output).
+        _ if b_col == 1 && n >= COLUMN_TILE => {
+            let tiles = (p.batch * p.m) as u64 * n.div_ceil(COLUMN_TILE);
+            let block = column_split_block(k);
+            (Grid::covering(tiles * u64::from(block)).with_block(block), Mapping::Columns)
+        }
+        _ => (Grid::covering(outputs * u64::from(cuda::DEFAULT_BLOCK)), Mapping::Block),
     };
-    ([p.batch as u64, m, k, n, a_row, a_col, b_row, b_col], (Grid::covering(outputs * threads_per_output), mapping))
+    (sizes, grid)
+}
+
+/// Outputs per block of the column-split kernels (`matmul_small_columns_*`): eight neighbouring
+/// columns of a row.
+#[cfg(feature = "cuda")]
+const COLUMN_TILE: u64 = 8;
+
+/// The block of the column-split kernels for an inner dimension of `k`: eight threads per slice,
+/// and enough slices that each thread adds at most eight products (one batch of loads in
+/// flight), up to 128 slices (1024 threads); a whole number of warps.
+#[cfg(feature = "cuda")]
+fn column_split_block(k: u64) -> u32 {
+    let slices = k.div_ceil(8).clamp(4, 128).next_multiple_of(4);
+    // At most 128 · 8 = 1024 threads, so the conversion cannot fail.
+    u32::try_from(slices * COLUMN_TILE).unwrap_or(1024)
 }
 
 /// The CPU half: each matrix of the batch through `general_mat_mul` in the arithmetic type

@@ -50,10 +50,12 @@ impl Dims {
 
 /// 1×1×1, a few odd sizes (none a multiple of 8), a k of 1, and batches. On CUDA the products
 /// up to `ops::SMALL_PRODUCT_MACS` multiply-adds take opsmith's own kernels, one thread per
-/// output for k ≤ 32, one warp per output up to k = 256 (k = 33 and 100 here), one block
-/// beyond (k = 1029, with a tail of 5 past the last whole batch of loads), and the last shape
-/// (just over 2^20) takes cuBLAS.
-pub const SHAPES: [Dims; 8] = [
+/// output for k ≤ 32, one warp per output up to k = 256 (k = 33 and 100 here), and beyond a
+/// block per eight outputs of a row when `b` is read untransposed, else one block per output
+/// (k = 1029, with a tail of 5 past the last whole batch of loads; k = 300, 38 slices of the
+/// inner dimension rounded up to 40; a weight gradient's shape, [2, 1024] · [1024, 130], whose
+/// last tile of columns holds two). The last shape (just over 2^20) takes cuBLAS.
+pub const SHAPES: [Dims; 10] = [
     Dims::new(1, 1, 1),
     Dims::new(3, 5, 7),
     Dims::new(17, 1, 9),
@@ -61,6 +63,8 @@ pub const SHAPES: [Dims; 8] = [
     Dims::batched(4, 5, 6, 3),
     Dims::batched(3, 9, 100, 7),
     Dims::batched(2, 3, 1029, 5),
+    Dims::batched(2, 3, 300, 11),
+    Dims::new(2, 1024, 130),
     Dims::new(130, 70, 120),
 ];
 
@@ -312,13 +316,15 @@ pub fn matmul_errors(device: Device) -> Result<()> {
 }
 
 /// `linear` and `linear_relu` shapes: each small-product mapping on CUDA (k = 2 one thread an
-/// output, k = 33 one warp, k = 1029 one block), an empty sum (k = 0: the bias alone), and one
-/// product just over `ops::SMALL_PRODUCT_MACS`, which takes cuBLAS and the bias kernel.
-pub const LINEAR_SHAPES: [Dims; 6] = [
+/// output, k = 33 one warp, k = 1029 and 400 a block per eight outputs of a row, since the
+/// weight is read untransposed), an empty sum (k = 0: the bias alone), and one product just over
+/// `ops::SMALL_PRODUCT_MACS`, which takes cuBLAS and the bias kernel.
+pub const LINEAR_SHAPES: [Dims; 7] = [
     Dims::new(1, 1, 1),
     Dims::new(17, 2, 9),
     Dims::new(64, 33, 65),
     Dims::new(3, 1029, 5),
+    Dims::new(5, 400, 20),
     Dims::new(4, 0, 3),
     Dims::new(130, 70, 120),
 ];

@@ -71,7 +71,7 @@ where
 
 /// `combine` folded, in order, over `load(i)` for the indices `i = start, start + step, …`
 /// below `end`, with `N` loads in flight: each batch issues its `N` loads before it combines
-/// any of them.
+/// any of them, the last (partial) batch too.
 ///
 /// A plain loop that loads one value and adds it waits a whole memory latency every turn: the
 /// add needs the value, and the next load comes after the add in program order. A batch waits
@@ -99,9 +99,21 @@ where
         unroll::<N>(|j| acc = combine(acc, values[j]));
         i += N as u64 * step;
     }
-    while i < end {
-        acc = combine(acc, load(i));
-        i += step;
+    // The last, partial batch: its loads in flight together as well (a short sum, a few values
+    // a thread, is all tail), combined in the same order as the plain loop would.
+    // `j * step < end - i` is `i + j * step < end` without a sum that could wrap.
+    if i < end {
+        let (left, mut values) = (end - i, [T::default(); N]);
+        unroll::<N>(|j| {
+            if (j as u64) * step < left {
+                values[j] = load(i + j as u64 * step);
+            }
+        });
+        unroll::<N>(|j| {
+            if (j as u64) * step < left {
+                acc = combine(acc, values[j]);
+            }
+        });
     }
     acc
 }
