@@ -8,19 +8,11 @@ mod softmax_cases;
 
 use opsmith_host::{DType, Device, Error, Labels, Result, Tensor, ops};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use softmax_cases::{random_values, round_to, softmax_reference, tensor_at};
+use softmax_cases::{poison_pool, random_values, round_to, softmax_reference, tensor_at};
 
 const GPU: Device = Device::Cuda(0);
 
 softmax_cases!(GPU);
-
-/// Frees a NaN-filled block of `n` elements just before an op allocates its output: the
-/// device's memory pool hands the same block back, so an element the kernel fails to write
-/// reads as NaN rather than as a correct value left by an earlier run.
-fn poison_pool(n: usize, dtype: DType) -> Result<()> {
-    drop(Tensor::full(f64::NAN, [n], dtype, GPU)?);
-    Ok(())
-}
 
 /// One many-rows case, forward and backward, every element checked against f64 over poisoned
 /// output memory: `x` of `[rows, cols]` viewed `offset` elements into its buffer (an odd offset
@@ -47,7 +39,7 @@ fn many_rows_case(
     }
     let xt = tensor_at(&x, &[rows / mask_rows, mask_rows, cols], offset, dtype, GPU)?;
     let mt = tensor_at(&mask, &[mask_rows, cols], offset, dtype, GPU)?;
-    poison_pool(n, dtype)?;
+    poison_pool(n, dtype, GPU)?;
     let y = ops::softmax(&xt, 0.5, Some(&mt))?.to_vec_f64()?;
     let (want, magnitude) = softmax_reference(&x, Some(&mask), cols, 0.5);
     let u = f32::EPSILON as f64 / 2.0;
@@ -66,7 +58,7 @@ fn many_rows_case(
     let g = random_values(rng, n, dtype);
     let gt = tensor_at(&g, &[rows, cols], offset, dtype, GPU)?;
     let yt = tensor_at(&yr, &[rows, cols], 0, dtype, GPU)?;
-    poison_pool(n, dtype)?;
+    poison_pool(n, dtype, GPU)?;
     let gx = ops::softmax_backward(&gt, &yt, 2.0)?.to_vec_f64()?;
     for (r, (grow, yrow)) in g.chunks(cols).zip(yr.chunks(cols)).enumerate() {
         let dot: f64 = grow.iter().zip(yrow).map(|(g, y)| g * y).sum();
@@ -133,7 +125,7 @@ fn cross_entropy_many_rows() -> Result<()> {
     let labels: Vec<u32> = (0..rows).map(|_| rng.random_range(0..classes as u32)).collect();
     let xt = Tensor::from_f64(&x, [rows, classes], DType::F32, GPU)?;
     let lt = Labels::new(&labels, GPU)?;
-    poison_pool(rows, DType::F32)?;
+    poison_pool(rows, DType::F32, GPU)?;
     let loss = ops::cross_entropy(&xt, &lt)?.to_vec_f64()?[0];
     let mut total = 0.0;
     for (row, &label) in x.chunks(classes).zip(&labels) {
@@ -145,13 +137,96 @@ fn cross_entropy_many_rows() -> Result<()> {
     let u = f32::EPSILON as f64 / 2.0;
     assert!((loss - want).abs() <= u * (rows as f64 / 32.0 + 150.0) * want.abs(), "{loss} vs {want}");
     let g = Tensor::from_f64(&[3.0], [], DType::F32, GPU)?;
-    poison_pool(rows * classes, DType::F32)?;
+    poison_pool(rows * classes, DType::F32, GPU)?;
     let gx = ops::cross_entropy_backward(&g, &xt, &lt)?.to_vec_f64()?;
     let (p, _) = softmax_reference(&x, None, classes, 1.0);
     for i in 0..rows * classes {
         let target = if i % classes == labels[i / classes] as usize { 1.0 } else { 0.0 };
         let want = (p[i] - target) * 3.0 / rows as f64;
         assert!((gx[i] - want).abs() <= 2e-5 * 3.0 / rows as f64, "element {i}: {} vs {want}", gx[i]);
+    }
+    Ok(())
+}
+
+/// The cross-entropy kernels launched directly, which the checked ops cannot do: labels the
+/// host rejects (`cols` and `u32::MAX`: a NaN loss and a gradient without the one-hot term,
+/// reading nothing at the label, so `u32::MAX` cannot fault), a row of `-inf` (a NaN loss and a
+/// gradient of `-onehot * g`), and any grid: one block of 32 threads looping over the rows, a
+/// thread per row, a warp per row. Every row's loss and every gradient against f64, over NaN,
+/// for rows of a thread's copy sizes and of more (a warp per row), aligned and not.
+#[test]
+fn cross_entropy_kernels_take_any_grid_and_bad_labels() -> Result<()> {
+    use opsmith_host::cuda::{CudaDevice, KernelArg, LaunchConfig};
+    use opsmith_kernels::names::loss::{self, THREAD_ROW_MAX_COLS};
+    use softmax_cases::{check_cross_entropy_gradient, cross_entropy_reference};
+
+    let device = CudaDevice::get(0)?;
+    let stream = device.current_stream();
+    let mut rng = StdRng::seed_from_u64(23);
+    let rows = 300;
+    let limit = THREAD_ROW_MAX_COLS as usize;
+    for (dtype, table) in [(DType::F32, loss::F32), (DType::F16, loss::F16), (DType::BF16, loss::BF16)] {
+        for cols in [1, 2, 3, limit, limit + 1, 40] {
+            let mut labels: Vec<u32> = (0..rows).map(|_| rng.random_range(0..cols as u32)).collect();
+            labels[7] = cols as u32;
+            labels[rows - 1] = u32::MAX;
+            let mut x = random_values(&mut rng, rows * cols, dtype);
+            x[11 * cols..12 * cols].fill(f64::NEG_INFINITY);
+            let lt = Tensor::from_vec(labels.clone(), [rows], GPU)?;
+            let g0 = round_to(dtype, 1.5);
+            let g = Tensor::from_f64(&[g0], [], dtype, GPU)?;
+            let scale = 1.0 / rows as f32;
+            let grids = [
+                LaunchConfig { grid: 1, block: 32, shared_mem_bytes: 0 },
+                LaunchConfig { grid: rows.div_ceil(256) as u32, block: 256, shared_mem_bytes: 0 },
+                LaunchConfig { grid: (32 * rows).div_ceil(128) as u32, block: 128, shared_mem_bytes: 0 },
+            ];
+            for offset in [0, 1] {
+                let xt = tensor_at(&x, &[rows, cols], offset, dtype, GPU)?;
+                for cfg in grids {
+                    let what = || format!("{dtype} [{rows}, {cols}], offset {offset}, {cfg:?}");
+                    let losses = Tensor::full(f64::NAN, [rows], DType::F32, GPU)?;
+                    let fwd = device.kernel(table.cross_entropy)?;
+                    let args = [
+                        KernelArg::Input(&xt),
+                        KernelArg::Input(&lt),
+                        KernelArg::Output(&losses),
+                        KernelArg::U64(rows as u64),
+                        KernelArg::U64(cols as u64),
+                    ];
+                    // SAFETY: (logits, labels, losses, rows, cols), with `rows * cols` logits and
+                    // `rows` labels and losses; blocks of whole warps.
+                    unsafe { fwd.launch(&stream, cfg, &args)? };
+                    let got = losses.to_vec_f64()?;
+                    for (r, (row, &label)) in x.chunks(cols).zip(&labels).enumerate() {
+                        if label as usize >= cols || r == 11 {
+                            assert!(got[r].is_nan(), "{}: row {r}, label {label}: loss {}", what(), got[r]);
+                        } else {
+                            let (want, tol) = cross_entropy_reference(row, &[label], cols, DType::F32);
+                            assert!((got[r] - want).abs() <= tol, "{}: row {r}: loss {} vs {want}", what(), got[r]);
+                        }
+                    }
+
+                    let gx = Tensor::full(f64::NAN, [rows, cols], dtype, GPU)?;
+                    let bwd = device.kernel(table.cross_entropy_backward)?;
+                    let args = [
+                        KernelArg::Input(&g),
+                        KernelArg::Input(&xt),
+                        KernelArg::Input(&lt),
+                        KernelArg::Output(&gx),
+                        KernelArg::U64(rows as u64),
+                        KernelArg::U64(cols as u64),
+                        KernelArg::F32(scale),
+                    ];
+                    // SAFETY: (g, logits, labels, gx, rows, cols, scale), with one `g`,
+                    // `rows * cols` logits and gradients and `rows` labels; blocks of whole warps.
+                    unsafe { bwd.launch(&stream, cfg, &args)? };
+                    let got = gx.to_vec_f64()?;
+                    let coef = g0 * scale as f64;
+                    check_cross_entropy_gradient(&got, &x, &labels, cols, dtype, coef, what);
+                }
+            }
+        }
     }
     Ok(())
 }

@@ -5,7 +5,24 @@
 //! mean, in a fixed order (the same bits every run): one loss per row for cross-entropy, one
 //! partial sum of squares per warp for the squared error. Both backwards read the upstream
 //! gradient `g[0]` on the device, so a training step needs no host round trip.
+//!
+//! A cross-entropy row of at most [`THREAD_ROW_MAX_COLS`] classes is read by one thread, longer
+//! rows by one warp; both kernels branch on `cols` once per launch.
 use crate::names::LossKernels;
+
+/// The most classes a cross-entropy row may have to be read by one thread instead of a warp
+/// (the host launches a thread per row up to it, a warp per row past it).
+///
+/// A warp per row costs the same for any row of up to 1024 values: 32 slots a lane, each with
+/// a bounds test, then a shuffle reduction for the maximum and one for the sum, about 580
+/// instructions a warp for the backward (an ncu count at 2 classes), in which a row of 2
+/// values leaves 30 lanes idle. A thread per row works on a copy of the row held in registers
+/// and sized to it (the next power of two), with no shuffle: its backward's loop runs 61
+/// instructions a row at 2 classes and 284 at 16 (sm_90 SASS), still under the warp's count,
+/// for 32 rows a warp. Past 16 the thread's share grows with the row while the warp's does not:
+/// the held values and their exponentials (two registers a value, 32 at 16), the serial
+/// maximum and sum chains and the code of each copy size double with every power of two.
+pub const THREAD_ROW_MAX_COLS: u64 = 16;
 
 /// Slots per lane per tile of a cross-entropy row.
 #[cfg(target_arch = "nvptx64")]
@@ -13,13 +30,30 @@ const TILE: usize = 32;
 
 #[cfg(target_arch = "nvptx64")]
 mod imp {
-    use super::TILE;
+    use super::{THREAD_ROW_MAX_COLS, TILE};
     use crate::device::element::Element;
     use crate::device::index::GridStride;
-    use crate::device::logsumexp::{ExpSum, exp_bias, exp_shifted, reciprocal_or_zero};
+    use crate::device::logsumexp::{ExpSum, exp_bias, exp_shifted, local_max, reciprocal_or_zero};
     use crate::device::math::{LN_2, log2};
     use crate::device::rows::{RowLanes, rows_packable};
+    use crate::device::unroll::{Count, Unrolled, fold, from_fn, unroll};
     use crate::device::warp::lane_id;
+
+    /// Calls `$f::<T, N>(p)` with the copy of a row sized for rows of `cols` values: the
+    /// smallest power of two `N` of at least `cols`, up to [`THREAD_ROW_MAX_COLS`]. Then
+    /// `cols >= N / 2`, which [`ThreadRow::load`] relies on.
+    macro_rules! by_row_length {
+        ($cols:expr, $f:ident::<$t:ty>($p:expr)) => {
+            match $cols {
+                0..=1 => $f::<$t, 1>($p),
+                2 => $f::<$t, 2>($p),
+                3..=4 => $f::<$t, 4>($p),
+                5..=8 => $f::<$t, 8>($p),
+                _ => $f::<$t, 16>($p),
+            }
+        };
+    }
+    const _: () = assert!(THREAD_ROW_MAX_COLS == 16, "by_row_length! stops at 16");
 
     /// The cross-entropy kernels' parameters; `out` is the f32 loss per row (forward) or the
     /// gradient (backward, with `coef = g[0] * scale`).
@@ -39,7 +73,9 @@ mod imp {
     pub unsafe fn cross_entropy<T: Element>(p: Rows<T, f32>) {
         // SAFETY: forwarded; `packed` was checked for the one row pointer read in packs.
         unsafe {
-            if rows_packable(p.cols, [p.logits]) {
+            if p.cols <= THREAD_ROW_MAX_COLS {
+                by_row_length!(p.cols, cross_entropy_thread_rows::<T>(p))
+            } else if rows_packable(p.cols, [p.logits]) {
                 cross_entropy_rows::<T, true>(p)
             } else {
                 cross_entropy_rows::<T, false>(p)
@@ -53,7 +89,9 @@ mod imp {
     pub unsafe fn cross_entropy_backward<T: Element>(p: Rows<T, T>) {
         // SAFETY: as for `cross_entropy`.
         unsafe {
-            if rows_packable(p.cols, [p.logits, p.out as *const T]) {
+            if p.cols <= THREAD_ROW_MAX_COLS {
+                by_row_length!(p.cols, cross_entropy_backward_thread_rows::<T>(p))
+            } else if rows_packable(p.cols, [p.logits, p.out as *const T]) {
                 cross_entropy_backward_rows::<T, true>(p)
             } else {
                 cross_entropy_backward_rows::<T, false>(p)
@@ -117,6 +155,101 @@ mod imp {
             }
         }
     }
+
+    /// A row of `cols` values (`N / 2 <= cols <= N`) held by one thread: the values widened to
+    /// f32 (`-inf` in the `N - cols` slots past the row's end), their maximum, each
+    /// `exp(x - max)` (0 past the end) and the sum of those.
+    struct ThreadRow<const N: usize> {
+        values: [f32; N],
+        exps: [f32; N],
+        max: f32,
+        sum: f32,
+    }
+
+    impl<const N: usize> ThreadRow<N>
+    where
+        Count<N>: Unrolled,
+    {
+        /// Whether slot `c` lies inside a row of `cols` values. The slots below `N / 2` lie
+        /// inside every row that `by_row_length!` gives this `N`, so only the upper half is
+        /// tested.
+        #[inline(always)]
+        fn inside(c: usize, cols: u64) -> bool {
+            c < N / 2 || (c as u64) < cols
+        }
+
+        /// Reads the row at `x`: every load is issued before any is used, so a thread waits
+        /// about one memory latency for the whole row. The maximum, then the exponentials with
+        /// the warp path's formulas ([`exp_bias`], [`exp_shifted`]), summed in column order.
+        ///
+        /// # Safety
+        /// `x` is valid for `cols` elements, and `N / 2 <= cols <= N`.
+        #[inline(always)]
+        unsafe fn load<T: Element>(x: *const T, cols: u64) -> Self {
+            let values = from_fn::<N>(|c| {
+                // SAFETY: c < cols, and `x` is valid for `cols` elements.
+                if Self::inside(c, cols) { unsafe { x.add(c).read() }.to_f32() } else { f32::NEG_INFINITY }
+            });
+            let max = local_max(&values);
+            let bias = exp_bias(max);
+            let exps = from_fn::<N>(|c| exp_shifted(values[c], bias));
+            let sum = fold::<N, f32>(0.0, |sum, c| sum + exps[c]);
+            Self { values, exps, max, sum }
+        }
+    }
+
+    /// The forward for rows of at most `N` values, one thread per row.
+    ///
+    /// # Safety
+    /// The entry points' contract, and `N / 2 <= cols <= N`.
+    #[inline(always)]
+    unsafe fn cross_entropy_thread_rows<T: Element, const N: usize>(p: Rows<T, f32>)
+    where
+        Count<N>: Unrolled,
+    {
+        for r in GridStride::over(0, p.rows) {
+            // SAFETY: r < rows, so the label and the row are inside their arrays.
+            let (label, row) = unsafe {
+                let label = p.labels.add(r as usize).read() as u64;
+                (label, ThreadRow::<N>::load(p.logits.add((r * p.cols) as usize), p.cols))
+            };
+            // The label's value picked from the registers (no second, dependent load); a label
+            // of `cols` or more, which the host rejects, gives NaN, as in the warp path.
+            let picked = fold::<N, f32>(f32::NAN, |t, c| if c as u64 == label { row.values[c] } else { t });
+            let target = if label < p.cols { picked } else { f32::NAN };
+            // As in the warp path: the difference first, then ln(sum).
+            let loss = (row.max - target) + log2(row.sum) * LN_2;
+            // SAFETY: r < rows; the thread's row is its own.
+            unsafe { p.out.add(r as usize).write(loss) };
+        }
+    }
+
+    /// The backward for rows of at most `N` values, one thread per row: the exponentials of
+    /// the forward pass over the row, kept in registers, make the gradient.
+    ///
+    /// # Safety
+    /// The entry points' contract, and `N / 2 <= cols <= N`.
+    #[inline(always)]
+    unsafe fn cross_entropy_backward_thread_rows<T: Element, const N: usize>(p: Rows<T, T>)
+    where
+        Count<N>: Unrolled,
+    {
+        for r in GridStride::over(0, p.rows) {
+            let start = (r * p.cols) as usize;
+            // SAFETY: r < rows, so the label and the row are inside their arrays.
+            let (label, row) =
+                unsafe { (p.labels.add(r as usize).read() as u64, ThreadRow::<N>::load(p.logits.add(start), p.cols)) };
+            let inv = reciprocal_or_zero(row.sum);
+            unroll::<N>(|c| {
+                if ThreadRow::<N>::inside(c, p.cols) {
+                    let target = if c as u64 == label { 1.0 } else { 0.0 };
+                    let grad = (row.exps[c] * inv - target) * p.coef;
+                    // SAFETY: c < cols, so the element is inside this thread's output row.
+                    unsafe { p.out.add(start + c).write(T::from_f32(grad)) };
+                }
+            });
+        }
+    }
 }
 
 macro_rules! loss_family {
@@ -140,10 +273,12 @@ macro_rules! loss_family {
         /// The cross-entropy of each row of a `rows × cols` matrix of logits against its class
         /// label, in f32: `losses[r] = ln(sum_c exp(logits[r, c])) - logits[r, labels[r]]`.
         ///
-        /// Thread mapping: one warp per row (warps loop over rows); the row is read once, in
-        /// tiles, with the maximum and the sum of exponentials kept online; 16-byte packs when
-        /// `cols` is a whole number of packs and `logits` is 16-byte aligned. Lane 0 writes the
-        /// row's loss.
+        /// Thread mapping: for `cols <= THREAD_ROW_MAX_COLS`, one thread per row (threads loop
+        /// over rows), which holds the row in registers and writes its loss. Otherwise one warp
+        /// per row (warps loop over rows); the row is read once, in tiles, with the maximum and
+        /// the sum of exponentials kept online; 16-byte packs when `cols` is a whole number of
+        /// packs and `logits` is 16-byte aligned. Lane 0 writes the row's loss. Any grid is
+        /// correct.
         ///
         /// # Safety
         /// `logits` is valid for `rows * cols` elements, `labels` for `rows` values and `losses`
@@ -160,8 +295,10 @@ macro_rules! loss_family {
         /// `gx[r, c] = (softmax(logits[r, :])[c] - (c == labels[r])) * g[0] * scale`, with
         /// `scale = 1 / rows` for the mean.
         ///
-        /// Thread mapping as for the forward: one warp per row, two passes over the row in tiles
-        /// (the maximum and sum, then the gradient).
+        /// Thread mapping as for the forward: for `cols <= THREAD_ROW_MAX_COLS`, one thread per
+        /// row, which reads the row once and keeps its exponentials in registers for the
+        /// gradient; otherwise one warp per row, two passes over the row in tiles (the maximum
+        /// and sum, then the gradient). Any grid is correct.
         ///
         /// # Safety
         /// `g` is valid for one element, `logits` and `gx` for `rows * cols`, `labels` for `rows`

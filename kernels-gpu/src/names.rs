@@ -596,7 +596,7 @@ pub mod softmax {
 /// The loss tables, by dtype.
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod loss {
-    pub use crate::loss::{BF16, F16, F32};
+    pub use crate::loss::{BF16, F16, F32, THREAD_ROW_MAX_COLS};
 }
 
 #[cfg(not(target_arch = "nvptx64"))]

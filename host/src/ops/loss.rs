@@ -16,11 +16,35 @@ use super::softmax::{reciprocal_or_zero, row_max_sum};
 #[cfg(feature = "cuda")]
 use crate::DType;
 #[cfg(feature = "cuda")]
+use crate::cuda::CudaDevice;
+#[cfg(feature = "cuda")]
 use crate::cuda::KernelArg;
 use crate::dtype::{Accumulator, with_float_type};
 use crate::{Device, Element, Error, Labels, Result, Shape, Tensor};
 #[cfg(feature = "cuda")]
-use opsmith_kernels::names::ALL_LOSS;
+use opsmith_kernels::names::{ALL_LOSS, loss::THREAD_ROW_MAX_COLS};
+
+#[cfg(feature = "cuda")]
+/// Launches a cross-entropy kernel over `rows` rows of `classes` logits with the mapping the
+/// kernel takes for that row length: about one thread per row up to `THREAD_ROW_MAX_COLS`
+/// classes, one warp per row past it ([`launch_rows`]).
+///
+/// # Safety
+/// As for [`launch_rows`].
+unsafe fn launch_cross_entropy(
+    device: &CudaDevice,
+    name: &str,
+    rows: usize,
+    classes: usize,
+    args: &[KernelArg<'_>],
+) -> Result<()> {
+    if classes as u64 <= THREAD_ROW_MAX_COLS {
+        launch(device, name, rows as u64, args)
+    } else {
+        // SAFETY: forwarded from the caller.
+        unsafe { launch_rows(device, name, rows, args) }
+    }
+}
 
 /// Checks logits `[rows, classes]` against their labels and returns (rows, classes).
 fn classification(op: &'static str, logits: &Tensor, labels: &Labels) -> Result<(usize, usize)> {
@@ -71,8 +95,9 @@ fn host_labels<'a>(op: &'static str, labels: &'a Labels) -> Result<&'a [u32]> {
 /// row count ([`Error::ShapeMismatch`]), a label of `classes` or more or zero rows
 /// ([`Error::InvalidArgument`], checked on the host without reading device memory).
 ///
-/// On CUDA the log-softmax is fused in: one kernel reads each row once (one warp per row),
-/// then one block averages the per-row losses.
+/// On CUDA the log-softmax is fused in: one kernel reads each row once (one thread per row of
+/// up to [`THREAD_ROW_MAX_COLS`](opsmith_kernels::names::loss::THREAD_ROW_MAX_COLS) classes,
+/// one warp per longer row), then one block averages the per-row losses.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
@@ -110,7 +135,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
                 ];
                 // SAFETY: cross_entropy kernels take (logits, labels, losses, rows, cols); logits
                 // hold rows * classes elements, labels and losses one value per row.
-                unsafe { launch_rows(&device, table.cross_entropy, rows, &args) }
+                unsafe { launch_cross_entropy(&device, table.cross_entropy, rows, classes, &args) }
             })?;
             finish_sum("cross_entropy", &losses, rows, 1.0 / rows as f64, &out)?;
             Ok(out)
@@ -137,7 +162,9 @@ fn cross_entropy_cpu(logits: &Tensor, labels: &[u32], classes: usize) -> Result<
 /// The backward of [`cross_entropy`] for the logits: `(softmax(logits) - onehot(labels)) * g / rows`,
 /// where `g` is the one-element upstream gradient. Shape and dtype of `logits`.
 ///
-/// On CUDA `g` is read on the device (no host round trip), in one kernel, one warp per row.
+/// On CUDA `g` is read on the device (no host round trip), in one kernel, one thread per row of
+/// up to [`THREAD_ROW_MAX_COLS`](opsmith_kernels::names::loss::THREAD_ROW_MAX_COLS) classes,
+/// one warp per longer row.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
@@ -177,7 +204,7 @@ pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> R
                 ];
                 // SAFETY: cross_entropy_backward kernels take (g, logits, labels, gx, rows, cols,
                 // scale); g holds one element, logits and gx rows * classes, labels one per row.
-                unsafe { launch_rows(&device, table.cross_entropy_backward, rows, &args) }
+                unsafe { launch_cross_entropy(&device, table.cross_entropy_backward, rows, classes, &args) }
             })?;
             Ok(out)
         }

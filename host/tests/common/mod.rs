@@ -217,6 +217,15 @@ pub fn random_values(rng: &mut StdRng, n: usize, dtype: DType) -> Vec<f64> {
         .collect()
 }
 
+/// Frees a NaN-filled block of `n` elements just before an op allocates its output: on CUDA the
+/// device's memory pool hands the same block back, so an element the kernel fails to write
+/// reads as NaN rather than as a correct value left by an earlier run. (On the CPU, where every
+/// output is a fresh vector, it changes nothing.)
+pub fn poison_pool(n: usize, dtype: DType, device: Device) -> Result<()> {
+    drop(Tensor::full(f64::NAN, [n.max(1)], dtype, device)?);
+    Ok(())
+}
+
 pub fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F32 => v as f32 as f64,

@@ -5,8 +5,9 @@
 //! magnifies by the logit's magnitude; the sums; the final rounding to the dtype).
 #![allow(dead_code)]
 
-pub use crate::common::{random_values, round_to, supported};
+pub use crate::common::{poison_pool, random_values, round_to, supported};
 use opsmith_host::{DType, Device, Error, Labels, Result, Tensor, ops};
+use opsmith_kernels::names::loss::THREAD_ROW_MAX_COLS;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 pub const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
@@ -313,8 +314,8 @@ pub fn softmax_exact_cases(device: Device) -> Result<()> {
 
 /// The mean cross-entropy in f64 and the bound on the f32 error of the computed one: each row's
 /// logsumexp (the sum of `classes` exponentials, each magnified by the logits' magnitude), the
-/// mean of `rows` losses, the rounding to the dtype.
-fn cross_entropy_reference(x: &[f64], labels: &[u32], classes: usize, dtype: DType) -> (f64, f64) {
+/// mean of `rows` losses, the rounding to the dtype. Every label is below `classes`.
+pub fn cross_entropy_reference(x: &[f64], labels: &[u32], classes: usize, dtype: DType) -> (f64, f64) {
     let rows = labels.len();
     let (mut total, mut abs_total, mut worst) = (0.0, 0.0, 0.0f64);
     for (row, &label) in x.chunks(classes).zip(labels) {
@@ -363,18 +364,133 @@ pub fn cross_entropy_against_f64(device: Device) -> Result<()> {
                 let g0 = round_to(dtype, 1.75);
                 let g = Tensor::from_f64(&[g0], [], dtype, device)?;
                 let got = ops::cross_entropy_backward(&g, &xt, &lt)?.to_vec_f64()?;
-                let (p, magnitude) = softmax_reference(&x, None, classes, 1.0);
-                let coef = g0 / rows as f64;
-                let (store, floor) = storage_error(dtype);
-                for i in 0..x.len() {
-                    let target = if i % classes == labels[i / classes] as usize { 1.0 } else { 0.0 };
-                    let r = (p[i] - target) * coef;
-                    let tol = coef * softmax_tolerance(dtype, p[i], magnitude[i], classes)
-                        + 4.0 * arith_roundoff(dtype) * r.abs()
-                        + store * r.abs()
-                        + floor;
-                    assert_close(got[i], r, tol, || format!("{} backward, element {i}", what()));
-                }
+                check_cross_entropy_gradient(&got, &x, &labels, classes, dtype, g0 / rows as f64, what);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks a cross-entropy gradient `got` against `(softmax(x) - onehot(labels)) * coef` in f64
+/// (a label of `classes` or more has no one-hot term); a value of `-inf` must give
+/// `-onehot * coef`, rounded (so exactly 0 off the label).
+pub fn check_cross_entropy_gradient(
+    got: &[f64],
+    x: &[f64],
+    labels: &[u32],
+    classes: usize,
+    dtype: DType,
+    coef: f64,
+    what: impl Fn() -> String,
+) {
+    assert_eq!(got.len(), x.len(), "{}", what());
+    let (p, magnitude) = softmax_reference(x, None, classes, 1.0);
+    let (store, floor) = storage_error(dtype);
+    for i in 0..x.len() {
+        let target = if i % classes == labels[i / classes] as usize { 1.0 } else { 0.0 };
+        let r = (p[i] - target) * coef;
+        let what = || format!("{} backward, element {i}", what());
+        if x[i] == f64::NEG_INFINITY {
+            assert!((got[i] - r).abs() <= (store + 2.0 * arith_roundoff(dtype)) * r.abs(), "{}: {}", what(), got[i]);
+            continue;
+        }
+        let tol = coef.abs() * softmax_tolerance(dtype, p[i], magnitude[i], classes)
+            + 4.0 * arith_roundoff(dtype) * r.abs()
+            + store * r.abs()
+            + floor;
+        assert_close(got[i], r, tol, what);
+    }
+}
+
+/// The class counts around the one-thread-per-row cross-entropy kernels' limit: each size of
+/// the copy of the row a thread holds (1, 2, 4, 8, 16) and one past it, the limit and one past
+/// it (a warp per row), and a longer row.
+pub fn small_row_classes() -> Vec<usize> {
+    let limit = THREAD_ROW_MAX_COLS as usize;
+    let mut classes = vec![1, 2, 3, 4, 5, 8, 9, 15, limit - 1, limit, limit + 1, 100];
+    classes.sort_unstable();
+    classes.dedup();
+    classes
+}
+
+/// Logits of `rows × classes` that each test one edge, by row: random (`r % 5 == 0`), huge
+/// (`±1e4`, alternating, which overflow `exp` unless the maximum is subtracted), one value
+/// `-inf` (not the label's), every value but the label's `-inf` (a loss of exactly 0), random
+/// times 1000. With `extremes` off, all random.
+pub fn small_row_logits(rng: &mut StdRng, labels: &[u32], classes: usize, dtype: DType, extremes: bool) -> Vec<f64> {
+    let mut x = random_values(rng, labels.len() * classes, dtype);
+    if !extremes {
+        return x;
+    }
+    for (r, (row, &label)) in x.chunks_mut(classes).zip(labels).enumerate() {
+        let label = label as usize;
+        match r % 5 {
+            1 => row.iter_mut().enumerate().for_each(|(c, v)| *v = if c % 2 == 0 { 1e4 } else { -1e4 }),
+            2 if classes > 1 => row[(label + 1) % classes] = f64::NEG_INFINITY,
+            3 => row.iter_mut().enumerate().filter(|&(c, _)| c != label).for_each(|(_, v)| *v = f64::NEG_INFINITY),
+            4 => row.iter_mut().for_each(|v| *v *= 1000.0),
+            _ => {}
+        }
+        row.iter_mut().for_each(|v| *v = round_to(dtype, *v));
+    }
+    x
+}
+
+/// `cross_entropy` and its backward against f64 for few classes, over poisoned outputs: at
+/// and around the one-thread-per-row kernels' limit, 1000 rows (not a whole number of blocks),
+/// aligned and unaligned, random logits and the edges of [`small_row_logits`]; then rows whose
+/// exact answers are known, with logits that overflow a naive `exp`.
+pub fn cross_entropy_small_rows(device: Device) -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(9);
+    let rows = 1000;
+    for dtype in DTYPES.into_iter().filter(|&d| supported(d, device)) {
+        for classes in small_row_classes() {
+            for (offset, extremes) in [(0, false), (1, false), (0, true)] {
+                let labels = random_labels(&mut rng, rows, classes);
+                let x = small_row_logits(&mut rng, &labels, classes, dtype, extremes);
+                let xt = tensor_at(&x, &[rows, classes], offset, dtype, device)?;
+                let lt = Labels::new(&labels, device)?;
+                let what = || {
+                    format!(
+                        "cross_entropy {dtype} on {device}, [{rows}, {classes}], offset {offset}, extremes {extremes}"
+                    )
+                };
+                poison_pool(rows, DType::F32, device)?;
+                let (want, tol) = cross_entropy_reference(&x, &labels, classes, dtype);
+                assert_close(ops::cross_entropy(&xt, &lt)?.to_vec_f64()?[0], want, tol, what);
+
+                let g0 = round_to(dtype, -0.625);
+                let g = Tensor::from_f64(&[g0], [], dtype, device)?;
+                poison_pool(rows * classes, dtype, device)?;
+                let got = ops::cross_entropy_backward(&g, &xt, &lt)?.to_vec_f64()?;
+                check_cross_entropy_gradient(&got, &x, &labels, classes, dtype, g0 / rows as f64, what);
+            }
+        }
+
+        // Exact answers, one row each so that the mean is the row's loss: two equal huge logits
+        // (ln 2, and a gradient of ±1/2), three equal huge negative ones (ln 3), a huge and a huge
+        // negative one with a -inf (0, and a gradient of 0), the label at -1e4 against 1e4 (2e4).
+        let (h, inf) = (round_to(dtype, 1e4), f64::NEG_INFINITY);
+        let (ln2, ln3) = (std::f64::consts::LN_2, 3f64.ln());
+        let cases: [(&[f64], u32, f64, &[f64]); 4] = [
+            (&[h, h], 1, ln2, &[0.5, -0.5]),
+            (&[-h, -h, -h], 0, ln3, &[-2.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0]),
+            (&[h, -h, inf], 0, 0.0, &[0.0, 0.0, 0.0]),
+            (&[-h, h], 0, 2.0 * h, &[-1.0, 1.0]),
+        ];
+        for (row, label, loss, grad) in cases {
+            let what = format!("cross_entropy {dtype} on {device}, row {row:?}, label {label}");
+            let xt = Tensor::from_f64(row, [1, row.len()], dtype, device)?;
+            let lt = Labels::new(&[label], device)?;
+            let got = ops::cross_entropy(&xt, &lt)?.to_vec_f64()?[0];
+            // The maximum times log2(e) is rounded in f32: an error of about 2^-24 * 1e4 in each
+            // exponent.
+            let tol = 1e-3 + 8.0 * arith_roundoff(dtype) * loss + storage_error(dtype).0 * loss;
+            assert!((got - loss).abs() <= tol, "{what}: loss {got}, want {loss}");
+            let g = Tensor::from_f64(&[1.0], [], dtype, device)?;
+            let got = ops::cross_entropy_backward(&g, &xt, &lt)?.to_vec_f64()?;
+            for (c, (&got, &want)) in got.iter().zip(grad).enumerate() {
+                assert!((got - want).abs() <= 2e-3, "{what}: gradient {c} is {got}, want {want}");
             }
         }
     }
@@ -524,6 +640,10 @@ macro_rules! softmax_cases {
         #[test]
         fn cross_entropy_against_f64() -> opsmith_host::Result<()> {
             softmax_cases::cross_entropy_against_f64($device)
+        }
+        #[test]
+        fn cross_entropy_small_rows() -> opsmith_host::Result<()> {
+            softmax_cases::cross_entropy_small_rows($device)
         }
         #[test]
         fn mse_against_f64() -> opsmith_host::Result<()> {
