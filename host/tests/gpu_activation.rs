@@ -150,6 +150,109 @@ fn optimizers_cuda_match_cpu_bitwise() -> Result<()> {
     Ok(())
 }
 
+/// The grouped Adam kernel launched directly, on grids smaller and larger than its packs (one
+/// warp for hundreds of packs, three blocks of two warps, 1024 threads for a few packs, one
+/// thread per pack): every element updated exactly once, bit for bit as
+/// `opsmith_kernels::optim::adam` in f32 on the CPU, over slots of sizes not a multiple of 4,
+/// empty slots first, between and last, and views at odd offsets; the gradients unchanged and
+/// nothing outside the views written.
+#[test]
+fn adam_group_kernel_any_grid() -> Result<()> {
+    use opsmith_host::cuda::{self, Grid, LaunchConfig};
+    use opsmith_kernels::optim::{AdamHyper, AdamProgress, adam};
+    let hyper = AdamHyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+    let mut progress = AdamProgress::start(1e-2);
+    progress.advance(&hyper);
+    let c = progress.advance(&hyper).map(|x| x as f32);
+    let coefficients = Tensor::from_vec(c.to_array().to_vec(), [8], GPU)?;
+    // Each slot's size and the offsets of its [param, grad, m, v] views in their buffers.
+    let layouts: [[(usize, [usize; 4]); 4]; 2] = [
+        [(1029, [0; 4]), (0, [0; 4]), (7, [1; 4]), (66, [0, 0, 0, 2])],
+        [(0, [0; 4]), (5, [0; 4]), (64, [3; 4]), (0, [1; 4])],
+    ];
+    let config = |grid, block| Grid::Config(LaunchConfig { grid, block, shared_mem_bytes: 0 });
+    let sentinel = common::SENTINEL as f32;
+    /// One operand: its values, the sentinel-padded buffer holding them at `at`, and the view.
+    struct Padded {
+        values: Vec<f32>,
+        whole: Tensor,
+        view: Tensor,
+        at: usize,
+    }
+    let mut rng = StdRng::seed_from_u64(406);
+    for (l, layout) in layouts.iter().enumerate() {
+        let packs: u64 = layout.iter().map(|&(n, _)| n.div_ceil(4) as u64).sum();
+        for grid in [config(1, 32), config(3, 64), config(1, 1024), Grid::covering(packs)] {
+            let context = format!("layout {l}, {grid:?}");
+            // Per slot: p, g, m, v (v ≥ 0).
+            let mut slots: Vec<[Padded; 4]> = Vec::new();
+            for &(n, offsets) in layout {
+                let mut padded = |k: usize| -> Result<Padded> {
+                    let scale = [1.0, 1.0, 1.0 / 16.0, 1.0 / 256.0][k];
+                    let values: Vec<f32> = random_values(&mut rng, n, DType::F32)
+                        .iter()
+                        .map(|&x| (if k == 3 { x.abs() } else { x } * scale) as f32)
+                        .collect();
+                    let at = offsets[k];
+                    let mut data = vec![sentinel; at + n + 2];
+                    data[at..at + n].copy_from_slice(&values);
+                    let whole = Tensor::from_vec(data, [at + n + 2], GPU)?;
+                    let view = whole.flat_slice(at, n)?;
+                    Ok(Padded { values, whole, view, at })
+                };
+                slots.push([padded(0)?, padded(1)?, padded(2)?, padded(3)?]);
+            }
+            let view = |s: usize, k: usize| &slots[s][k].view;
+            let n = |s: usize| layout[s].0 as u64;
+            cuda::launch(
+                opsmith_kernels::names::optim::F32.adam_device_group,
+                grid,
+                (
+                    view(0, 0),
+                    view(0, 1),
+                    view(0, 2),
+                    view(0, 3),
+                    n(0),
+                    view(1, 0),
+                    view(1, 1),
+                    view(1, 2),
+                    view(1, 3),
+                    n(1),
+                    view(2, 0),
+                    view(2, 1),
+                    view(2, 2),
+                    view(2, 3),
+                    n(2),
+                    view(3, 0),
+                    view(3, 1),
+                    view(3, 2),
+                    view(3, 3),
+                    n(3),
+                    &coefficients,
+                ),
+            )?;
+            for (s, [p, g, m, v]) in slots.iter().enumerate() {
+                let updated: Vec<(f32, f32, f32)> =
+                    (0..p.values.len()).map(|i| adam(p.values[i], g.values[i], m.values[i], v.values[i], &c)).collect();
+                let want: [Vec<f32>; 4] = [
+                    updated.iter().map(|u| u.0).collect(),
+                    g.values.clone(),
+                    updated.iter().map(|u| u.1).collect(),
+                    updated.iter().map(|u| u.2).collect(),
+                ];
+                for ((name, operand), want) in ["param", "grad", "m", "v"].into_iter().zip([p, g, m, v]).zip(&want) {
+                    let inside = operand.at..operand.at + want.len();
+                    for (i, x) in operand.whole.to_vec::<f32>()?.into_iter().enumerate() {
+                        let expected = if inside.contains(&i) { want[i - operand.at] } else { sentinel };
+                        assert_eq!(x.to_bits(), expected.to_bits(), "{context}: slot {s}'s {name}, buffer element {i}");
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn device_mismatch_is_an_error() -> Result<()> {
     let on = |device: Device| tensor(&[1.0, -2.0, 3.0], DType::F32, device);

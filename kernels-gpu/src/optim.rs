@@ -252,6 +252,114 @@ unsafe fn adam_elements<T: crate::device::element::Element>(
     }
 }
 
+/// One parameter of a grouped Adam step as its kernel sees it: the four buffers, their length,
+/// and where its packs begin in the group's flat pack index (the packs of slot 0, then of slot
+/// 1, …; a slot's last pack may be partial).
+#[cfg(target_arch = "nvptx64")]
+#[derive(Clone, Copy)]
+struct AdamSlot<T> {
+    param: *mut T,
+    grad: *const T,
+    m: *mut T,
+    v: *mut T,
+    n: u64,
+    first_pack: u64,
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl<T> AdamSlot<T> {
+    /// `later` if flat pack `flat` is at or past `later`'s first pack, else `self`: a comparison
+    /// and selects, not a branch. Chained over the slots in order, it picks the last slot whose
+    /// packs begin at or before `flat`: the one holding it, an empty slot never (its successor
+    /// begins where it does).
+    #[inline(always)]
+    fn or_from(self, later: Self, flat: u64) -> Self {
+        // `select_unpredictable`: with plain `if`s, LLVM turns some of these selects into
+        // branches around moves.
+        fn pick<U>(later_one: bool, l: U, s: U) -> U {
+            core::hint::select_unpredictable(later_one, l, s)
+        }
+        let later_one = flat >= later.first_pack;
+        AdamSlot {
+            param: pick(later_one, later.param, self.param),
+            grad: pick(later_one, later.grad, self.grad),
+            m: pick(later_one, later.m, self.m),
+            v: pick(later_one, later.v, self.v),
+            n: pick(later_one, later.n, self.n),
+            first_pack: pick(later_one, later.first_pack, self.first_pack),
+        }
+    }
+}
+
+/// [`adam`] over pack `pack` of `slot` (its elements `LANES * pack ..`, up to `LANES` of them).
+/// A full pack of a slot whose four buffers are 16-byte aligned takes one vector load of each
+/// buffer and one vector store of each output; any other pack (a slot's partial last pack, or a
+/// view at an odd offset) takes scalar loads and stores of its elements, each under a lane test
+/// (predicated, not branched around), all loads issued before the arithmetic. Both go through
+/// the one copy of the lane arithmetic.
+///
+/// # Safety
+/// `pack < slot.n.div_ceil(LANES)`; each of the slot's pointers is valid for `slot.n` elements
+/// and aligned to `T`; no other thread accesses this pack's elements of `param`, `m` or `v`,
+/// and `grad` overlaps none of them.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn adam_pack<T: crate::device::element::Element>(slot: AdamSlot<T>, pack: u64, c: &AdamCoefficients<f32>) {
+    use crate::device::memory::{Pack, is_pack_aligned, load_pack, store_pack};
+    let AdamSlot { param, grad, m, v, n, .. } = slot;
+    let lanes = T::LANES as u64;
+    let first = pack * lanes;
+    // At least 1, as `first < n`: lane 0 is always in.
+    let count = (n - first).min(lanes);
+    let has = |lane: usize| lane == 0 || (lane as u64) < count;
+    let ins = [param.cast_const(), grad, m.cast_const(), v.cast_const()];
+    let outs = [param, m, v];
+    // `&`, not `&&`: no branch.
+    let vector = (count == lanes) & ins.iter().fold(true, |all, &p| all & is_pack_aligned(p));
+    // The two paths join as raw packs. Joined as f32 lanes, LLVM splits the vector loads into
+    // scalar ones and shares the last lane's with the scalar path: four extra loads per pack.
+    let raw: [Pack; 4] = if vector {
+        // SAFETY: a full pack inside the slot's `n` elements, every pointer 16-byte aligned
+        // (checked above); the caller guarantees validity.
+        ins.map(|p| unsafe { load_pack(p, pack) })
+    } else {
+        // Lanes past the pack's end stay 0, computed but never stored; `pack` after `to_f32`
+        // gives back the element's bits.
+        ins.map(|p| {
+            let mut wide = T::unpack([0; 4]);
+            for lane in 0..T::LANES {
+                if has(lane) {
+                    // SAFETY: element `first + lane < n`, and the caller guarantees validity.
+                    wide[lane] = unsafe { p.add((first + lane as u64) as usize).read() }.to_f32();
+                }
+            }
+            T::pack(wide)
+        })
+    };
+    let x = raw.map(T::unpack);
+    let mut r = [x[0]; 3];
+    for lane in 0..T::LANES {
+        let (p, m, v) = adam(x[0][lane], x[1][lane], x[2][lane], x[3][lane], c);
+        (r[0][lane], r[1][lane], r[2][lane]) = (p, m, v);
+    }
+    if vector {
+        for k in 0..3 {
+            // SAFETY: as for the loads; the caller guarantees the pack is this thread's alone.
+            unsafe { store_pack(outs[k], pack, T::pack(r[k])) };
+        }
+    } else {
+        for lane in 0..T::LANES {
+            if has(lane) {
+                for k in 0..3 {
+                    // SAFETY: as for the loads; the caller guarantees the element is this
+                    // thread's alone.
+                    unsafe { outs[k].add((first + lane as u64) as usize).write(T::from_f32(r[k][lane])) };
+                }
+            }
+        }
+    }
+}
+
 macro_rules! optimizer_family {
     (
         $(#[$table_doc:meta])*
@@ -429,14 +537,19 @@ macro_rules! optimizer_family {
             /// a small layer's weights) each cost a launch of their own otherwise, which in a
             /// replayed CUDA graph is most of their update's time.
             ///
-            /// Thread mapping: each slot as in the `adam_device` kernel (grid-stride over 16-byte
-            /// packs), with the threads' ranks rotated per slot so that a grid covering the
-            /// slots' packs together reads the slots in parallel; any grid size is correct.
+            /// Thread mapping: the slots' 16-byte packs form one flat index, the packs of slot 0,
+            /// then of slot 1, …, each slot's last pack possibly partial, and the threads
+            /// grid-stride over it (one thread per pack for a grid covering them all; any grid
+            /// size is correct). A thread picks its pack's slot by comparisons and selects, and
+            /// takes a full pack of a slot whose buffers are all 16-byte aligned with vector
+            /// loads and stores, any other pack element by element. Each thread with a pack
+            /// reads the 32 bytes of coefficients once.
             ///
             /// # Safety
             /// `coefficients` is valid for 8 f32 and no thread writes it during the launch. For
             /// each slot, every pointer is valid for `n_k` elements and aligned to the element
-            /// type; the sixteen buffers overlap none of each other (empty ones excepted).
+            /// type; the sixteen buffers overlap none of each other (empty ones excepted). An
+            /// empty slot's pointers are never used and may be anything.
             pub unsafe fn $adam_device_group(
                 param_0: *mut [$elem; n_0],
                 grad_0: *const [$elem; n_0],
@@ -461,26 +574,24 @@ macro_rules! optimizer_family {
                 coefficients: *const [f32; 8],
             ) {
                 // SAFETY: `coefficients` holds 8 f32 that nothing writes meanwhile (this kernel's
-                // contract); an array of f32 needs only f32's alignment.
+                // contract); an array of f32 needs only f32's alignment. Read once, before the
+                // loop: these loads are still in flight when the first pack's are issued.
                 let c = AdamCoefficients::from_array(unsafe { coefficients.cast::<[f32; 8]>().read() });
-                // Slot k's ranks are rotated by the packs of the slots before it, so that with a
-                // grid covering all the slots' packs each thread's first pack lies in one slot and
-                // the slots are read in parallel. Four calls written out, not a loop over an
-                // array of slots: indexing the array with a loop counter would put it on the
-                // stack.
-                use crate::device::{element::Element, index};
-                let (threads, thread) = (index::grid_thread_count(), index::global_thread_index());
-                let lanes = <$elem as Element>::LANES as u64;
-                let rank = |before: u64| (thread + threads - before % threads) % threads;
-                let (o1, o2, o3) = (n_0 / lanes, (n_0 + n_1) / lanes, (n_0 + n_1 + n_2) / lanes);
-                // SAFETY (all four): forwarded from this kernel's contract: each output is
-                // exactly its own input (in place) and overlaps nothing else; `rank` maps the
-                // grid's threads one to one onto 0..threads.
-                unsafe {
-                    adam_elements(rank(0), threads, [param_0.cast_const(), grad_0, m_0.cast_const(), v_0.cast_const()], [param_0, m_0, v_0], n_0, &c);
-                    adam_elements(rank(o1), threads, [param_1.cast_const(), grad_1, m_1.cast_const(), v_1.cast_const()], [param_1, m_1, v_1], n_1, &c);
-                    adam_elements(rank(o2), threads, [param_2.cast_const(), grad_2, m_2.cast_const(), v_2.cast_const()], [param_2, m_2, v_2], n_2, &c);
-                    adam_elements(rank(o3), threads, [param_3.cast_const(), grad_3, m_3.cast_const(), v_3.cast_const()], [param_3, m_3, v_3], n_3, &c);
+                // The slots written out, not an array indexed by the slot number: a local array
+                // indexed by a run-time value lives on the stack.
+                let lanes = <$elem as crate::device::element::Element>::LANES as u64;
+                let s0 = AdamSlot { param: param_0, grad: grad_0, m: m_0, v: v_0, n: n_0, first_pack: 0 };
+                let s1 = AdamSlot { param: param_1, grad: grad_1, m: m_1, v: v_1, n: n_1, first_pack: s0.first_pack + n_0.div_ceil(lanes) };
+                let s2 = AdamSlot { param: param_2, grad: grad_2, m: m_2, v: v_2, n: n_2, first_pack: s1.first_pack + n_1.div_ceil(lanes) };
+                let s3 = AdamSlot { param: param_3, grad: grad_3, m: m_3, v: v_3, n: n_3, first_pack: s2.first_pack + n_2.div_ceil(lanes) };
+                let packs = s3.first_pack + n_3.div_ceil(lanes);
+                for flat in crate::device::index::GridStride::over(0, packs) {
+                    let slot = s0.or_from(s1, flat).or_from(s2, flat).or_from(s3, flat);
+                    // SAFETY: `slot` is the slot holding flat pack `flat`, so the pack is one of
+                    // its `n.div_ceil(LANES)`; its pointers are valid and aligned, and its
+                    // buffers overlap nothing else (this kernel's contract); the grid stride
+                    // gives each flat pack to one thread.
+                    unsafe { adam_pack(slot, flat - slot.first_pack, &c) };
                 }
             }
         }

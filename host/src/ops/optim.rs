@@ -677,8 +677,8 @@ fn launch_group(op: &'static str, group: &[AdamTensors<'_>], coefficients: &Tens
     let unused = AdamTensors { param: empty, grad: empty, m: empty, v: empty };
     let slot = |k: usize| group.get(k).copied().unwrap_or(unused);
     let [a, b, c, d] = [slot(0), slot(1), slot(2), slot(3)];
-    // One thread per 16-byte pack of all the parameters together: the kernel rotates the
-    // threads' ranks per slot, so each slot gets threads of its own.
+    // One thread per 16-byte pack of the group (each parameter's last pack may be partial): the
+    // kernel numbers the slots' packs one after another and gives each thread one of them.
     let mut packs = 0u64;
     for s in group {
         packs += super::cuda::check_launch_len(op, s.param.elem_count(), DType::F32)?.div_ceil(4);

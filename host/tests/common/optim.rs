@@ -400,11 +400,19 @@ pub fn adam_state_errors(device: Device) -> Result<()> {
     Ok(())
 }
 
+/// The offsets of the grouped step's `[param, grad, m, v]` views in their sentinel-padded
+/// buffers, per parameter of [`adam_group_matches_single`]: all 16-byte aligned, all odd, or one
+/// or two of the four off.
+const GROUP_OFFSETS: [[usize; 4]; 9] =
+    [[0; 4], [1; 4], [0; 4], [0; 4], [3, 0, 0, 0], [0, 2, 0, 0], [0, 0, 1, 3], [0; 4], [2; 4]];
+
 /// [`ops::adam_step_device_group`] over 1, 4, 5 and 9 parameters of different sizes (one or
-/// more groups of four, some slots unused, an empty parameter among them) gives, step after step,
-/// the same bits as [`ops::adam_step_device`] on each parameter, which
-/// [`adam_device_against_f64`] checks against f64. Then its errors: parameters that share
-/// memory, a parameter on another state's device; nothing is written.
+/// more groups of four, some slots unused, an empty parameter among them, sizes not a multiple
+/// of 4), each as views at the offsets of [`GROUP_OFFSETS`], gives, step after step, the same
+/// bits as [`ops::adam_step_device`] on each parameter (fresh, aligned tensors), which
+/// [`adam_device_against_f64`] checks against f64, and writes nothing outside the views. Then
+/// its errors: parameters that share memory, a parameter on another state's device; nothing is
+/// written.
 pub fn adam_group_matches_single(device: Device) -> Result<()> {
     use ops::AdamTensors;
     let op = "adam_step_device_group";
@@ -415,35 +423,50 @@ pub fn adam_group_matches_single(device: Device) -> Result<()> {
     for &dtype in dtypes {
         for count in [1usize, 4, 5, 9] {
             let context = format!("{op} of {count} parameters, {dtype} on {device}");
-            // Each parameter's [p, m, v] twice: one set for the grouped step, one for the single.
+            // Each parameter's [p, m, v] twice: views for the grouped step, tensors for the single.
             let make = |values: &[f64]| tensor(values, dtype, device);
-            let mut sets: Vec<[[Tensor; 3]; 2]> = Vec::new();
-            for &n in &sizes[..count] {
+            let mut sets: Vec<([State; 3], [Tensor; 3])> = Vec::new();
+            for (&n, [at_p, _, at_m, at_v]) in sizes[..count].iter().zip(GROUP_OFFSETS) {
                 let p = random_values(&mut rng, n, dtype);
                 let zeros = vec![0.0; n];
-                sets.push([[make(&p)?, make(&zeros)?, make(&zeros)?], [make(&p)?, make(&zeros)?, make(&zeros)?]]);
+                let grouped = [
+                    State::new(&p, at_p, dtype, device)?,
+                    State::new(&zeros, at_m, dtype, device)?,
+                    State::new(&zeros, at_v, dtype, device)?,
+                ];
+                sets.push((grouped, [make(&p)?, make(&zeros)?, make(&zeros)?]));
             }
             let (grouped, single) = (AdamState::new(case.lr, device)?, AdamState::new(case.lr, device)?);
             for t in 1..=STEPS {
                 grouped.advance(&hyper(&case))?;
                 single.advance(&hyper(&case))?;
-                let grads: Vec<Tensor> =
-                    sizes[..count].iter().map(|&n| make(&random_values(&mut rng, n, dtype))).collect::<Result<_>>()?;
+                let g: Vec<Vec<f64>> = sizes[..count].iter().map(|&n| random_values(&mut rng, n, dtype)).collect();
+                let grads: Vec<State> = g
+                    .iter()
+                    .zip(GROUP_OFFSETS)
+                    .map(|(g, [_, at_g, _, _])| State::new(g, at_g, dtype, device))
+                    .collect::<Result<_>>()?;
                 let slots: Vec<AdamTensors<'_>> = sets
                     .iter()
                     .zip(&grads)
-                    .map(|([[p, m, v], _], grad)| AdamTensors { param: p, grad, m, v })
+                    .map(|(([p, m, v], _), grad)| AdamTensors {
+                        param: &p.view,
+                        grad: &grad.view,
+                        m: &m.view,
+                        v: &v.view,
+                    })
                     .collect();
                 ops::adam_step_device_group(&slots, &grouped)?;
-                for ([_, [p, m, v]], grad) in sets.iter().zip(&grads) {
-                    ops::adam_step_device(p, grad, m, v, &single)?;
+                for ((_, [p, m, v]), g) in sets.iter().zip(&g) {
+                    ops::adam_step_device(p, &make(g)?, m, v, &single)?;
                 }
-                for (k, [a, b]) in sets.iter().enumerate() {
+                for (k, ((a, b), (grad, g))) in sets.iter().zip(grads.iter().zip(&g)).enumerate() {
+                    let context = format!("{context}: step {t}, parameter {k}");
+                    let bits = |v: Vec<f64>| -> Vec<u64> { v.iter().map(|x| x.to_bits()).collect() };
                     for (name, x, y) in [("param", &a[0], &b[0]), ("m", &a[1], &b[1]), ("v", &a[2], &b[2])] {
-                        let bits =
-                            |t: &Tensor| -> Result<Vec<u64>> { Ok(values(t)?.iter().map(|v| v.to_bits()).collect()) };
-                        assert_eq!(bits(x)?, bits(y)?, "{context}: step {t}, parameter {k}'s {name}");
+                        assert_eq!(bits(x.read(&context)?), bits(values(y)?), "{context}'s {name}");
                     }
+                    assert_eq!(&grad.read(&context)?, g, "{context}'s grad changed");
                 }
             }
             assert_eq!(grouped.step()?, STEPS, "{context}");
