@@ -14,11 +14,15 @@
 //! * `matmul_small_warp`: one warp per four neighbouring outputs of a row, its lanes splitting
 //!   the inner dimension and adding their sums as a tree, for a middling one
 //!   (`[1024, 128] · [128, 2]`);
-//! * `matmul_small_columns`: one block per eight neighbouring outputs of a row, for a long one
+//! * `matmul_small_columns`: one block per four neighbouring outputs of a row, for a long one
 //!   with `b` read by rows (a weight gradient, `[2, 1024] · [1024, 128]`): the block's threads
-//!   split the inner dimension into slices, and the eight threads of a slice read 32 contiguous
+//!   split the inner dimension into slices, and the four threads of a slice read 16 contiguous
 //!   bytes of a row of `b`;
 //! * `matmul_small_block`: one block per output, for a long one with `b` read by columns.
+//!
+//! The column mapping also gives `linear_grads_columns`: a linear layer's weight and bias
+//! gradients in one launch (the bias's as one more row of the product, of ones), reading the
+//! output's gradient through the ReLU's mask when the layer has one.
 //!
 //! The thread, warp and column mappings also come as `linear_small_*` kernels, a linear layer
 //! `act(a · b + bias)` (a layer's weight is read by rows, so a long layer takes the column
@@ -98,7 +102,8 @@ macro_rules! matmul_family {
             small_columns: $columns:ident,
             linear_thread: $lthread:ident,
             linear_warp: $lwarp:ident,
-            linear_columns: $lcolumns:ident $(,)?
+            linear_columns: $lcolumns:ident,
+            linear_grads: $grads:ident $(,)?
         }
     ) => {
         $(#[$table_doc])*
@@ -111,6 +116,7 @@ macro_rules! matmul_family {
             linear_thread: $lthread,
             linear_warp: $lwarp,
             linear_columns: $lcolumns,
+            linear_grads: $grads,
         };
 
         small_product_kernel! {
@@ -157,14 +163,14 @@ macro_rules! matmul_family {
         }
 
         small_product_kernel! {
-            /// `c[b, i, j] = Σ_k a[b, i, k] · b[b, k, j]` with one block per tile of eight
+            /// `c[b, i, j] = Σ_k a[b, i, k] · b[b, k, j]` with one block per tile of four
             /// neighbouring outputs of a row (blocks grid-stride over the tiles, row-major): thread
-            /// `t` takes column `t % 8` of the tile and slice `t / 8` of the inner dimension,
-            /// adding the products for `k = s, s + S, …` (`S = blockDim.x / 8` slices) in order
-            /// with FMAs in f32 (eight loads in flight); each warp adds its four slices of a column
+            /// `t` takes column `t % 4` of the tile and slice `t / 4` of the inner dimension,
+            /// adding the products for `k = s, s + S, …` (`S = blockDim.x / 4` slices) in order
+            /// with FMAs in f32 (eight loads in flight); each warp adds its eight slices of a column
             /// by shuffles, and the warps' sums are added in warp order
             /// ([`LaneSums`](crate::device::block::LaneSums)). For a long inner dimension with
-            /// `b`'s rows contiguous (`b_col_stride` 1): the eight threads of a slice read 32
+            /// `b`'s rows contiguous (`b_col_stride` 1): the four threads of a slice read 16
             /// neighbouring bytes of a row of `b`, where a block per output would read a column.
             /// The order of the additions depends only on the block size, so every run with it
             /// gives the same bits.
@@ -172,7 +178,7 @@ macro_rules! matmul_family {
             /// # Safety
             /// As for the thread kernel of this family; besides, `blockDim.x` is a
             /// multiple of 32, at most 1024, and `blockDim.y = blockDim.z = 1`.
-            $columns, $elem, columns_per_block
+            $columns, $elem, columns_only
         }
 
         small_linear_kernel! {
@@ -201,12 +207,49 @@ macro_rules! matmul_family {
         small_linear_kernel! {
             /// A linear layer, `c[b, i, j] = act(Σ_k a[b, i, k] · b[b, k, j] + bias[j])` (`act` as
             /// for the thread linear kernel of this family), with a block per tile of
-            /// eight outputs as the column-split product of this family.
+            /// four outputs as the column-split product of this family.
             ///
             /// # Safety
             /// As for the column-split product of this family; besides, `bias` is valid for `n`
             /// elements and `c` does not overlap it.
-            $lcolumns, $elem, columns_per_block
+            $lcolumns, $elem, columns_only
+        }
+
+        crate::kernel! {
+            /// A linear layer's weight and bias gradients from its input `x` (`[k, m]`: k rows of
+            /// m features) and the gradient `g` of its output (`[k, n]`), in one launch:
+            /// `dw[i, j] = Σ_r x[r, i] · g'[r, j]` and `db[j] = Σ_r g'[r, j]`, where `g' = g`, or
+            /// with `relu` non-zero `g'[r, j] = g[r, j]` where `mask[r, j] > 0` and 0 elsewhere
+            /// (NaN included): the backward of a ReLU layer whose output is `mask`, without
+            /// `g'` as a tensor of its own. Sums in f32, rounded once.
+            ///
+            /// Thread mapping: the column-split product of this family over `xᵀ · g'` with one
+            /// more row of `xᵀ`, all ones, whose outputs are `db`; each `dw` output gets the same
+            /// bits as that product would give it.
+            ///
+            /// # Safety
+            /// `x` is valid for `k·m` elements, `g` and `mask` for `k·n` (`mask` is only read
+            /// when `relu` is non-zero), `dw` for `m·n` and `db` for `n`; `dw` and `db` overlap
+            /// no input nor each other. `blockDim.x` is a multiple of 32, at most 1024, and
+            /// `blockDim.y = blockDim.z = 1`.
+            pub unsafe fn $grads(
+                x: *const [$elem; k * m],
+                g: *const [$elem; k * n],
+                mask: *const [$elem; k * n],
+                dw: *mut [$elem; m * n],
+                db: *mut [$elem; n],
+                m: u64,
+                k: u64,
+                n: u64,
+                relu: u32,
+            ) {
+                // `x` read transposed: element (i, r) of xᵀ is x[r·m + i].
+                let p = Product { a: x, b: g, c: dw, batch: 1, m, k, n, a_strides: (1, m), b_strides: (n, 1) };
+                let extras = Extras { mask: if relu != 0 { mask } else { core::ptr::null() }, column_sums: db };
+                // SAFETY: forwarded from this kernel's contract: x holds k·m values read as
+                // (i, r) at r·m + i < k·m, g and mask k·n as (r, j) at r·n + j.
+                unsafe { columns_per_block(p, Epilogue::NONE, extras) }
+            }
         }
     };
 }
@@ -474,24 +517,63 @@ unsafe fn block_per_output<T: crate::device::element::Element>(p: Product<T>, ep
     }
 }
 
-/// Outputs per tile of the column-split kernels: eight neighbouring columns of a row, 32 bytes
-/// of a row of `b` in f32 (a whole sector), the eight threads of a slice reading them at once.
+/// Outputs per tile of the column-split kernels: four neighbouring columns of a row, 16 bytes
+/// of a row of `b` in f32 that the four threads of a slice read at once. Four rather than eight
+/// (a whole sector) gives a weight gradient twice the blocks, each half as long: its time is
+/// the instructions each SM issues, not the sectors it reads.
 #[cfg(target_arch = "nvptx64")]
-const TILE_COLUMNS: u64 = 8;
+const TILE_COLUMNS: u64 = 4;
+
+/// What the column-split body computes besides the product: `b` read through a ReLU's mask, and
+/// the column sums of (the masked) `b`, as the products with one more row of `a`, all ones. With
+/// both, the body is a linear layer's weight and bias gradients in one launch.
+#[cfg(target_arch = "nvptx64")]
+#[derive(Clone, Copy)]
+struct Extras<T> {
+    /// Null, or laid out as `b`: `b(kk, j)` counts where `mask(kk, j) > 0` and is 0 elsewhere
+    /// (NaN included), as `relu_backward` of `b` with `mask` the ReLU's output.
+    mask: *const T,
+    /// Null, or `[batch, n]`: the column sums of (the masked) `b`.
+    column_sums: *mut T,
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl<T> Extras<T> {
+    /// A plain product.
+    const NONE: Self = Extras { mask: core::ptr::null(), column_sums: core::ptr::null_mut() };
+}
+
+/// The column-split body of a plain product or linear layer.
+///
+/// # Safety
+/// As for [`columns_per_block`] with no extras.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn columns_only<T: crate::device::element::Element>(p: Product<T>, epilogue: Epilogue<T>) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { columns_per_block(p, epilogue, Extras::NONE) }
+}
 
 /// The body of the column-split kernels.
 ///
 /// # Safety
-/// The contract of `matmul_small_columns_*`, and `epilogue`'s bias null or valid for `n`
-/// elements.
+/// The contract of `matmul_small_columns_*`; `epilogue`'s bias null or valid for `n` elements;
+/// `extras.mask` null or valid as `b` is, `extras.column_sums` null or valid for `batch·n`
+/// elements, overlapping no input and not `c`.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn columns_per_block<T: crate::device::element::Element>(p: Product<T>, epilogue: Epilogue<T>) {
+unsafe fn columns_per_block<T: crate::device::element::Element>(
+    p: Product<T>,
+    epilogue: Epilogue<T>,
+    extras: Extras<T>,
+) {
     use crate::device::{block::LaneSums, index, math::fma, unroll::strided_fold, warp};
     use core::arch::nvptx;
     let mut sums = LaneSums::new();
+    // Row m, when the column sums are asked for, is the row of ones.
+    let rows = p.m + u64::from(!extras.column_sums.is_null());
     let groups = p.n.div_ceil(TILE_COLUMNS);
-    let (Some(groups_nz), Some(per_matrix)) = (NonZeroU64::new(groups), NonZeroU64::new(p.m * groups)) else {
+    let (Some(groups_nz), Some(per_matrix)) = (NonZeroU64::new(groups), NonZeroU64::new(rows * groups)) else {
         return;
     };
     // SAFETY: reading the special registers has no preconditions.
@@ -501,30 +583,43 @@ unsafe fn columns_per_block<T: crate::device::element::Element>(p: Product<T>, e
     for tile in index::GridStride::over_blocks(p.batch * per_matrix.get()) {
         let (matrix, within) = (tile / per_matrix, tile % per_matrix);
         let (i, j) = (within / groups_nz, within % groups_nz * TILE_COLUMNS + column);
-        let inside = j < p.n;
+        let (inside, ones) = (j < p.n, i == p.m);
         let (a_row, b_col) = (matrix * p.m * p.k + i * p.a_strides.0, matrix * p.k * p.n + j * p.b_strides.1);
         // SAFETY: j < n.
         let bias = if inside { unsafe { epilogue.bias_at(j) } } else { 0.0 };
-        // SAFETY: as in the thread body: kk < k (and j < n).
-        let load = |kk: u64| unsafe { load_pair(p.a, p.b, a_row + kk * p.a_strides.1, b_col + kk * p.b_strides.0) };
+        // SAFETY: as in the thread body: kk < k and j < n, and i < m where `a` is read; the mask
+        // is laid out as `b`.
+        let load = |kk: u64| unsafe {
+            let x = if ones { 1.0 } else { p.a.add((a_row + kk * p.a_strides.1) as usize).read().to_f32() };
+            let at = (b_col + kk * p.b_strides.0) as usize;
+            let y = p.b.add(at).read().to_f32();
+            // Widening is exact, so the test is the element type's own.
+            (x, if extras.mask.is_null() || extras.mask.add(at).read().to_f32() > 0.0 { y } else { 0.0 })
+        };
         let acc = if inside {
             strided_fold::<8, (f32, f32), f32>(slice, p.k, slices, 0.0, load, |acc, (x, y)| fma(x, y, acc))
         } else {
             0.0
         };
-        // Lanes c, c + 8, c + 16 and c + 24 of a warp hold four slices of column c: the butterfly
-        // leaves their sum, the same bits, in each of them.
+        // Lanes c, c + 4, …, c + 28 of a warp hold eight slices of column c: the butterfly leaves
+        // their sum, the same bits, in each of them.
         // SAFETY: the whole warp is here (the branches above have rejoined).
         let acc = unsafe {
-            let pairs = acc + warp::xor_shuffle(acc, 8);
-            pairs + warp::xor_shuffle(pairs, 16)
+            let pairs = acc + warp::xor_shuffle(acc, 4);
+            let quads = pairs + warp::xor_shuffle(pairs, 8);
+            quads + warp::xor_shuffle(quads, 16)
         };
         // SAFETY: every thread of the block calls it, once per tile (see above).
         let total = unsafe { sums.sum_to_first_warp(acc) };
         if thread < TILE_COLUMNS && inside {
-            // SAFETY: matrix < batch, i < m and j < n.
+            let value = T::from_f32(epilogue.apply(total, bias));
+            // SAFETY: matrix < batch, j < n, and i < m for `c`; the column sums hold batch·n.
             unsafe {
-                p.c.add((matrix * p.m * p.n + i * p.n + j) as usize).write(T::from_f32(epilogue.apply(total, bias)))
+                if ones {
+                    extras.column_sums.add((matrix * p.n + j) as usize).write(value)
+                } else {
+                    p.c.add((matrix * p.m * p.n + i * p.n + j) as usize).write(value)
+                }
             };
         }
     }
@@ -562,6 +657,7 @@ matmul_family! {
         linear_thread: linear_small_thread_f32,
         linear_warp: linear_small_warp_f32,
         linear_columns: linear_small_columns_f32,
+        linear_grads: linear_grads_columns_f32,
     }
 }
 
@@ -575,6 +671,7 @@ matmul_family! {
         linear_thread: linear_small_thread_f16,
         linear_warp: linear_small_warp_f16,
         linear_columns: linear_small_columns_f16,
+        linear_grads: linear_grads_columns_f16,
     }
 }
 
@@ -588,5 +685,6 @@ matmul_family! {
         linear_thread: linear_small_thread_bf16,
         linear_warp: linear_small_warp_bf16,
         linear_columns: linear_small_columns_bf16,
+        linear_grads: linear_grads_columns_bf16,
     }
 }

@@ -500,21 +500,24 @@ pub struct MatmulKernels {
     pub small_warp: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
     /// One block per output, the threads splitting the inner dimension: for a long one.
     pub small_block: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
-    /// One block per eight neighbouring outputs of a row, the threads splitting the inner
-    /// dimension eight ways fewer: for a long one with `b`'s rows contiguous.
+    /// One block per four neighbouring outputs of a row, the threads splitting the inner
+    /// dimension four ways fewer: for a long one with `b`'s rows contiguous.
     pub small_columns: KernelDecl<(In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64)>,
     /// A linear layer, `act(a · b + bias)`, one thread per run of outputs.
     pub linear_thread: KernelDecl<(In, In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64, u32)>,
     /// A linear layer, one warp per run of outputs.
     pub linear_warp: KernelDecl<(In, In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64, u32)>,
-    /// A linear layer, one block per eight neighbouring outputs of a row: for a long inner
+    /// A linear layer, one block per four neighbouring outputs of a row: for a long inner
     /// dimension (a layer's weight is always read untransposed, by rows).
     pub linear_columns: KernelDecl<(In, In, In, Out, u64, u64, u64, u64, u64, u64, u64, u64, u32)>,
+    /// A linear layer's weight and bias gradients, the output's gradient read through a ReLU's
+    /// mask when asked: `(x, g, mask, dw, db, m, k, n, relu)`.
+    pub linear_grads: KernelDecl<(In, In, In, Out, Out, u64, u64, u64, u32)>,
 }
 
 impl MatmulKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 7] {
+    pub const fn all(&self) -> [&'static str; 8] {
         [
             self.small_thread.name(),
             self.small_warp.name(),
@@ -523,6 +526,7 @@ impl MatmulKernels {
             self.linear_thread.name(),
             self.linear_warp.name(),
             self.linear_columns.name(),
+            self.linear_grads.name(),
         ]
     }
 }

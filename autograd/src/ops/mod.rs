@@ -585,13 +585,28 @@ fn linear_layer(x: &Var, w: &Var, b: &Var, relu: bool) -> Result<Var> {
         let saved_y = relu.then(|| out.clone());
         let keep = saved_refs(&[&saved_w, &saved_x, &saved_y]);
         tape.record(op, &[x, w, b], out, &keep.iter().collect::<Vec<_>>(), move |g| {
-            let masked = saved_y.as_ref().map(|y| host::relu_backward(g, y)).transpose()?;
+            // Both parameters' gradients come from one op (on CUDA one launch, which reads `g`
+            // through the ReLU's mask), so the masked gradient is a tensor only when the
+            // input's gradient, or a lone parameter's, needs it.
+            let both = saved_x.is_some() && b_needs;
+            let masked = match &saved_y {
+                Some(y) if saved_w.is_some() || !both => Some(host::relu_backward(g, y)?),
+                _ => None,
+            };
             let d = masked.as_ref().unwrap_or(g);
-            Ok(vec![
-                saved_w.as_ref().map(|w| host::matmul_t(d, false, w, true)).transpose()?,
-                saved_x.as_ref().map(|x| host::matmul_t(x, true, d, false)).transpose()?,
-                if b_needs { Some(host::sum_rows(d)?) } else { None },
-            ])
+            let dx = saved_w.as_ref().map(|w| host::matmul_t(d, false, w, true)).transpose()?;
+            let (dw, db) = match &saved_x {
+                Some(x) if both => {
+                    let mask = if masked.is_none() { saved_y.as_ref() } else { None };
+                    let (dw, db) = host::linear_grads(x, d, mask)?;
+                    (Some(dw), Some(db))
+                }
+                _ => (
+                    saved_x.as_ref().map(|x| host::matmul_t(x, true, d, false)).transpose()?,
+                    if b_needs { Some(host::sum_rows(d)?) } else { None },
+                ),
+            };
+            Ok(vec![dx, dw, db])
         })
     })
 }

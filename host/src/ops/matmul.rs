@@ -156,6 +156,59 @@ pub fn linear_relu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     linear_layer("linear_relu", x, w, b, true)
 }
 
+/// The gradients of a linear layer's weight and bias, `(xᵀ · g', Σ_rows g')`, from its input
+/// `x [rows, k]` and the gradient `g [rows, n]` of its output: `[k, n]` and `[n]`. With
+/// `relu_output` (the output `y` of [`linear_relu`]), `g' = g · [y > 0]`, the gradient through
+/// the ReLU ([`relu_backward`](super::relu_backward)); without it `g' = g`.
+///
+/// On CUDA, for a product of at most [`SMALL_PRODUCT_MACS`] multiply-adds, this is one launch:
+/// the bias gradient is one more row of the weight gradient's product (a row of ones), and the
+/// ReLU's mask is applied as `g` is read, so `g'` is never a tensor; the weight gradient has the
+/// same bits as [`matmul_t`]`(x, true, g', false)`. Otherwise, and on the CPU, it is those ops:
+/// [`relu_backward`](super::relu_backward), [`matmul_t`] and [`sum_rows`](super::sum_rows).
+/// Errors as theirs: `x`, `g` and `y` on one device and of one dtype, `g` and `y` of one shape,
+/// `x` and `g` of as many rows ([`Error::ShapeMismatch`]).
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], Device::Cpu)?;
+/// let g = Tensor::from_vec(vec![1.0f32, -1.0, 0.5, 2.0], [2, 2], Device::Cpu)?;
+/// let (dw, db) = ops::linear_grads(&x, &g, None)?;
+/// assert_eq!(dw.to_vec::<f32>()?, [2.5, 5.0, 4.0, 6.0]); // xᵀ · g
+/// assert_eq!(db.to_vec::<f32>()?, [1.5, 1.0]);
+/// // Through a ReLU whose output was positive only in the first column.
+/// let y = Tensor::from_vec(vec![3.0f32, 0.0, 1.0, -0.0], [2, 2], Device::Cpu)?;
+/// let (dw, db) = ops::linear_grads(&x, &g, Some(&y))?;
+/// assert_eq!(dw.to_vec::<f32>()?, [2.5, 0.0, 4.0, 0.0]);
+/// assert_eq!(db.to_vec::<f32>()?, [1.5, 0.0]);
+/// # Ok(()) }
+/// ```
+pub fn linear_grads(x: &Tensor, g: &Tensor, relu_output: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+    let op = "linear_grads";
+    if x.dims().len() != 2 || g.dims().len() != 2 {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("expects x [rows, k] and g [rows, n], got shapes {:?} and {:?}", x.dims(), g.dims()),
+        });
+    }
+    let p = Product::new(op, x, true, g, false)?;
+    if let Some(y) = relu_output {
+        check::same_device(op, &[g, y])?;
+        check::same_dtype(op, &[g, y])?;
+        if y.dims() != g.dims() {
+            return Err(Error::ShapeMismatch { op, lhs: g.dims().to_vec(), rhs: y.dims().to_vec() });
+        }
+    }
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && p.is_small() && !p.is_trivial() {
+        return small_linear_grads(&p, x, g, relu_output);
+    }
+    let masked = relu_output.map(|y| super::relu_backward(g, y)).transpose()?;
+    let g = masked.as_ref().unwrap_or(g);
+    Ok((product_new(op, x, true, g, false)?, super::sum_rows(g)?))
+}
+
 /// [`linear`], or [`linear_relu`] when `relu`, under the name `op`.
 fn linear_layer(op: &'static str, x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> {
     if x.dims().len() != 2 || w.dims().len() != 2 {
@@ -322,7 +375,7 @@ const THREAD_MAPPING_MAX_K: usize = 32;
 
 /// Up to this inner dimension (8 products a lane) a small product takes one warp per run of
 /// four neighbouring outputs of a row.
-/// Beyond it, a block per eight outputs of a row when `b`'s rows are contiguous and hold eight
+/// Beyond it, a block per four outputs of a row when `b`'s rows are contiguous and hold four
 /// columns or more (the threads splitting the inner dimension and reading `b` by rows), else a
 /// block of [`DEFAULT_BLOCK`](crate::cuda::DEFAULT_BLOCK) threads per output.
 #[cfg(feature = "cuda")]
@@ -362,6 +415,26 @@ fn small_linear(p: &Product, x: &Tensor, w: &Tensor, bias: &Tensor, relu: bool, 
     }
 }
 
+/// The CUDA half of a small [`linear_grads`]: one launch of a `linear_grads` kernel over
+/// `xᵀ · g` with its row of ones.
+#[cfg(feature = "cuda")]
+fn small_linear_grads(p: &Product, x: &Tensor, g: &Tensor, relu_output: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+    use crate::cuda::{self, Grid};
+    use opsmith_kernels::names::matmul;
+    let table = super::cuda::dtype_table(p.op, x, [matmul::F32, matmul::F16, matmul::BF16])?;
+    let dw = Tensor::empty(Shape::from(p.out_dims.clone()), x.dtype(), x.device())?;
+    let db = Tensor::empty(Shape::from(p.n), x.dtype(), x.device())?;
+    let (m, k, n) = (p.m as u64, p.k as u64, p.n as u64);
+    // The weight's m rows and the bias's one, four columns a block.
+    let tiles = (m + 1) * n.div_ceil(COLUMN_TILE);
+    let block = column_split_block(k);
+    // Without a mask the kernel reads none; `g` stands in for it.
+    let mask = relu_output.unwrap_or(g);
+    let args = (x, g, mask, &dw, &db, m, k, n, u32::from(relu_output.is_some()));
+    cuda::launch(table.linear_grads, Grid::covering(tiles * u64::from(block)).with_block(block), args)?;
+    Ok((dw, db))
+}
+
 /// How a small product's kernel maps threads to outputs, by the length of the inner dimension.
 #[cfg(feature = "cuda")]
 #[derive(Clone, Copy)]
@@ -391,8 +464,8 @@ fn small_launch(p: &Product) -> ([u64; 8], (crate::cuda::Grid, Mapping)) {
         k if k <= THREAD_MAPPING_MAX_K => (Grid::covering(runs), Mapping::Thread),
         // A warp per run of four neighbouring outputs of a row.
         k if k <= WARP_MAPPING_MAX_K => (Grid::covering(runs * 32), Mapping::Warp),
-        // b's rows contiguous: a block per eight outputs of a row, reading b by rows (with
-        // fewer than eight columns, most of its threads would idle: a block per output).
+        // b's rows contiguous: a block per four outputs of a row, reading b by rows (with
+        // fewer than four columns, most of its threads would idle: a block per output).
         _ if b_col == 1 && n >= COLUMN_TILE => {
             let tiles = (p.batch * p.m) as u64 * n.div_ceil(COLUMN_TILE);
             let block = column_split_block(k);
@@ -403,18 +476,18 @@ fn small_launch(p: &Product) -> ([u64; 8], (crate::cuda::Grid, Mapping)) {
     (sizes, grid)
 }
 
-/// Outputs per block of the column-split kernels (`matmul_small_columns_*`): eight neighbouring
+/// Outputs per block of the column-split kernels (`matmul_small_columns_*`): four neighbouring
 /// columns of a row.
 #[cfg(feature = "cuda")]
-const COLUMN_TILE: u64 = 8;
+const COLUMN_TILE: u64 = 4;
 
-/// The block of the column-split kernels for an inner dimension of `k`: eight threads per slice,
+/// The block of the column-split kernels for an inner dimension of `k`: four threads per slice,
 /// and enough slices that each thread adds at most eight products (one batch of loads in
-/// flight), up to 128 slices (1024 threads); a whole number of warps.
+/// flight), up to 256 slices (1024 threads); a whole number of warps.
 #[cfg(feature = "cuda")]
 fn column_split_block(k: u64) -> u32 {
-    let slices = k.div_ceil(8).clamp(4, 128).next_multiple_of(4);
-    // At most 128 · 8 = 1024 threads, so the conversion cannot fail.
+    let slices = k.div_ceil(8).clamp(8, 256).next_multiple_of(8);
+    // At most 256 · 4 = 1024 threads, so the conversion cannot fail.
     u32::try_from(slices * COLUMN_TILE).unwrap_or(1024)
 }
 

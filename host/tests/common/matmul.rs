@@ -1,6 +1,6 @@
 //! Matrix-product cases shared by the CPU suite (`matmul.rs`) and the GPU suite
 //! (`gpu_matmul.rs`): every case takes a device, and checks against a naive f64 triple loop.
-use super::{SENTINEL, padded_view, random_values, supported, tensor, values};
+use super::{SENTINEL, padded_view, poison_pool, random_values, supported, tensor, values};
 use opsmith_host::{DType, Device, Error, Result, Tensor, ops};
 use rand::{SeedableRng, rngs::StdRng};
 
@@ -49,10 +49,10 @@ impl Dims {
 }
 
 /// 1×1×1, a few odd sizes (none a multiple of 8), a k of 1, and batches. On CUDA the products
-/// up to `ops::SMALL_PRODUCT_MACS` multiply-adds take opsmith's own kernels, one thread per
-/// output for k ≤ 32, one warp per output up to k = 256 (k = 33 and 100 here), and beyond a
-/// block per eight outputs of a row when `b` is read untransposed, else one block per output
-/// (k = 1029, with a tail of 5 past the last whole batch of loads; k = 300, 38 slices of the
+/// up to `ops::SMALL_PRODUCT_MACS` multiply-adds take opsmith's own kernels, one thread per run
+/// of four outputs of a row for k ≤ 32, one warp per run up to k = 256 (k = 33 and 100 here),
+/// and beyond a block per four outputs of a row when `b` is read untransposed, else one block
+/// per output (k = 1029, with a tail of 5 past the last whole batch of loads; k = 300, 38 slices of the
 /// inner dimension rounded up to 40; a weight gradient's shape, [2, 1024] · [1024, 130], whose
 /// last tile of columns holds two). The last shape (just over 2^20) takes cuBLAS.
 pub const SHAPES: [Dims; 10] = [
@@ -316,7 +316,7 @@ pub fn matmul_errors(device: Device) -> Result<()> {
 }
 
 /// `linear` and `linear_relu` shapes: each small-product mapping on CUDA (k = 2 one thread an
-/// output, k = 33 one warp, k = 1029 and 400 a block per eight outputs of a row, since the
+/// output, k = 33 one warp, k = 1029 and 400 a block per four outputs of a row, since the
 /// weight is read untransposed), an empty sum (k = 0: the bias alone), and one product just over
 /// `ops::SMALL_PRODUCT_MACS`, which takes cuBLAS and the bias kernel.
 pub const LINEAR_SHAPES: [Dims; 7] = [
@@ -418,6 +418,96 @@ pub fn linear_errors(device: Device) -> Result<()> {
     Ok(())
 }
 
+/// `linear_grads` shapes `(rows, k, n)`: on CUDA each takes one launch of the column-split
+/// kernel (a long sum over four columns or more, `[1024, 2]`ᵀ · `[1024, 128]` as in train_mlp's
+/// first layer; a narrow one, 2 columns; odd sizes; a short sum; one row), and the last, just
+/// over `ops::SMALL_PRODUCT_MACS`, the composed ops.
+pub const GRAD_SHAPES: [(usize, usize, usize); 7] =
+    [(1, 1, 1), (1024, 2, 128), (1024, 128, 2), (1029, 3, 5), (33, 5, 9), (300, 7, 11), (1100, 31, 31)];
+
+/// `linear_grads` against f64 on every dtype, shape and operand offset, without and with the
+/// ReLU's mask (an output `y` with exact zeros, `-0`, NaN and negative values where the gradient
+/// must not count): the weight gradient `xᵀ · g'` and the bias gradient `Σ_rows g'` within the
+/// product's tolerance, over outputs from a NaN-poisoned pool.
+pub fn linear_grads_against_f64(device: Device) -> Result<()> {
+    let mut seed = 11000;
+    for dtype in super::DTYPES {
+        for (rows, k, n) in GRAD_SHAPES {
+            for relu in [false, true] {
+                for offset in OFFSETS {
+                    seed += 1;
+                    let context =
+                        format!("{dtype} on {device}, rows {rows}, k {k}, n {n}, relu {relu}, offset {offset}");
+                    let mut rng = StdRng::seed_from_u64(seed);
+                    let x_values = random_values(&mut rng, rows * k, dtype);
+                    let g_values = random_values(&mut rng, rows * n, dtype);
+                    let mut y_values = random_values(&mut rng, rows * n, dtype);
+                    for (i, y) in y_values.iter_mut().enumerate() {
+                        *y = match i % 11 {
+                            3 => 0.0,
+                            5 => -0.0,
+                            7 => f64::NAN,
+                            _ => *y,
+                        };
+                    }
+                    let x = operand(&x_values, &[rows, k], offset, dtype, device)?;
+                    let g = operand(&g_values, &[rows, n], (offset * 2) % 4, dtype, device)?;
+                    let y = operand(&y_values, &[rows, n], offset, dtype, device)?;
+                    let mask = relu.then_some(&y);
+                    if !supported(dtype, device) {
+                        let err = ops::linear_grads(&x, &g, mask).expect_err("f64 has no CUDA product");
+                        assert!(matches!(err, Error::UnsupportedDType { dtype: DType::F64, .. }), "{context}: {err}");
+                        continue;
+                    }
+                    let masked: Vec<f64> =
+                        g_values.iter().zip(&y_values).map(|(&g, &y)| if !relu || y > 0.0 { g } else { 0.0 }).collect();
+                    let (dw_expected, dw_scale) = reference(&x_values, true, &masked, false, Dims::new(k, rows, n));
+                    let ones = vec![1.0; rows];
+                    let (db_expected, db_scale) = reference(&ones, true, &masked, false, Dims::new(1, rows, n));
+                    poison_pool(k * n, dtype, device)?;
+                    poison_pool(n, dtype, device)?;
+                    let (dw, db) = ops::linear_grads(&x, &g, mask)?;
+                    assert_eq!((dw.dims(), db.dims()), (&[k, n][..], &[n][..]), "{context}");
+                    assert_close(&values(&dw)?, &dw_expected, &dw_scale, dtype, rows, &format!("{context}, weight"));
+                    assert_close(&values(&db)?, &db_expected, &db_scale, dtype, rows, &format!("{context}, bias"));
+                    assert_eq!(values(&g)?, g_values, "{context}: g changed");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `linear_grads`' errors: mismatched rows, a mask of another shape, dtype or device, and
+/// operands that are not matrices, each naming the op.
+pub fn linear_grads_errors(device: Device) -> Result<()> {
+    let t = |dims: &[usize], dtype: DType| Tensor::full(1.0, dims, dtype, device);
+    let (x, g) = (t(&[4, 3], DType::F32)?, t(&[4, 5], DType::F32)?);
+    match ops::linear_grads(&x, &t(&[3, 5], DType::F32)?, None) {
+        Err(Error::ShapeMismatch { op: "linear_grads", lhs, rhs }) => assert_eq!((lhs, rhs), (vec![4, 3], vec![3, 5])),
+        other => panic!("expected a shape mismatch of the rows, got {other:?}"),
+    }
+    match ops::linear_grads(&x, &g, Some(&t(&[4, 4], DType::F32)?)) {
+        Err(Error::ShapeMismatch { op: "linear_grads", lhs, rhs }) => assert_eq!((lhs, rhs), (vec![4, 5], vec![4, 4])),
+        other => panic!("expected a shape mismatch of the mask, got {other:?}"),
+    }
+    match ops::linear_grads(&x, &g, Some(&t(&[4, 5], DType::BF16)?)) {
+        Err(Error::DTypeMismatch { op: "linear_grads", .. }) => {}
+        other => panic!("expected a dtype mismatch of the mask, got {other:?}"),
+    }
+    match ops::linear_grads(&t(&[4], DType::F32)?, &g, None) {
+        Err(Error::InvalidArgument { op: "linear_grads", .. }) => {}
+        other => panic!("expected a rejected 1-D input, got {other:?}"),
+    }
+    if device.is_cuda() {
+        match ops::linear_grads(&x, &g, Some(&Tensor::full(1.0, [4, 5], DType::F32, Device::Cpu)?)) {
+            Err(Error::DeviceMismatch { op: "linear_grads", .. }) => {}
+            other => panic!("expected a device mismatch of the mask, got {other:?}"),
+        }
+    }
+    Ok(())
+}
+
 /// Lists the shared matmul cases, for the suites to run.
 #[macro_export]
 macro_rules! matmul_cases {
@@ -445,6 +535,14 @@ macro_rules! matmul_cases {
         #[test]
         fn linear_errors() -> opsmith_host::Result<()> {
             common::matmul::linear_errors($device)
+        }
+        #[test]
+        fn linear_grads_against_f64() -> opsmith_host::Result<()> {
+            common::matmul::linear_grads_against_f64($device)
+        }
+        #[test]
+        fn linear_grads_errors() -> opsmith_host::Result<()> {
+            common::matmul::linear_grads_errors($device)
         }
     };
 }
