@@ -652,12 +652,13 @@ pub const ALL_MATMUL: [MatmulKernels; 3] = [matmul::F32, matmul::F16, matmul::BF
 /// ```
 /// let names: Vec<&str> = opsmith_kernels::names::all_kernel_names().collect();
 /// // Three dtypes of elementwise (with along-a-dim and random), reduction, activation,
-/// // softmax, loss, small-product (4 mappings) and small linear-layer (3) kernels; f32
-/// // optimizers. Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1 long kernel.
+/// // softmax, loss, small-product (4 mappings), small linear-layer (3) and linear-gradient
+/// // (1) kernels; f32 optimizers. Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1
+/// // long kernel.
 /// // index_select and gather for six dtypes. The fused attention (two forwards and two
 /// // backward kernels at two head sizes, and one kernel that finishes dQ) for f16 and bf16.
 /// // And the benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 7) + 6 * 2 + 6 + 2 * (2 * 4 + 1) + 1);
+/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 8) + 6 * 2 + 6 + 2 * (2 * 4 + 1) + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]
