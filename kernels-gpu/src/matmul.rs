@@ -245,10 +245,16 @@ macro_rules! matmul_family {
             ) {
                 // `x` read transposed: element (i, r) of xᵀ is x[r·m + i].
                 let p = Product { a: x, b: g, c: dw, batch: 1, m, k, n, a_strides: (1, m), b_strides: (n, 1) };
-                let extras = Extras { mask: if relu != 0 { mask } else { core::ptr::null() }, column_sums: db };
+                let extras = Extras { mask, column_sums: db };
                 // SAFETY: forwarded from this kernel's contract: x holds k·m values read as
                 // (i, r) at r·m + i < k·m, g and mask k·n as (r, j) at r·n + j.
-                unsafe { columns_per_block(p, Epilogue::NONE, extras) }
+                unsafe {
+                    if relu != 0 {
+                        columns_per_block::<$elem, true>(p, Epilogue::NONE, extras)
+                    } else {
+                        columns_per_block::<$elem, false>(p, Epilogue::NONE, extras)
+                    }
+                }
             }
         }
     };
@@ -530,8 +536,9 @@ const TILE_COLUMNS: u64 = 4;
 #[cfg(target_arch = "nvptx64")]
 #[derive(Clone, Copy)]
 struct Extras<T> {
-    /// Null, or laid out as `b`: `b(kk, j)` counts where `mask(kk, j) > 0` and is 0 elsewhere
-    /// (NaN included), as `relu_backward` of `b` with `mask` the ReLU's output.
+    /// Laid out as `b`, read only by the `MASKED` body: `b(kk, j)` counts where
+    /// `mask(kk, j) > 0` and is 0 elsewhere (NaN included), as `relu_backward` of `b` with
+    /// `mask` the ReLU's output.
     mask: *const T,
     /// Null, or `[batch, n]`: the column sums of (the masked) `b`.
     column_sums: *mut T,
@@ -551,18 +558,18 @@ impl<T> Extras<T> {
 #[inline(always)]
 unsafe fn columns_only<T: crate::device::element::Element>(p: Product<T>, epilogue: Epilogue<T>) {
     // SAFETY: forwarded from this function's contract.
-    unsafe { columns_per_block(p, epilogue, Extras::NONE) }
+    unsafe { columns_per_block::<T, false>(p, epilogue, Extras::NONE) }
 }
 
-/// The body of the column-split kernels.
+/// The body of the column-split kernels; with `MASKED` it reads `b` through `extras.mask`.
 ///
 /// # Safety
 /// The contract of `matmul_small_columns_*`; `epilogue`'s bias null or valid for `n` elements;
-/// `extras.mask` null or valid as `b` is, `extras.column_sums` null or valid for `batch·n`
+/// with `MASKED`, `extras.mask` valid as `b` is; `extras.column_sums` null or valid for `batch·n`
 /// elements, overlapping no input and not `c`.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn columns_per_block<T: crate::device::element::Element>(
+unsafe fn columns_per_block<T: crate::device::element::Element, const MASKED: bool>(
     p: Product<T>,
     epilogue: Epilogue<T>,
     extras: Extras<T>,
@@ -589,18 +596,18 @@ unsafe fn columns_per_block<T: crate::device::element::Element>(
         let bias = if inside { unsafe { epilogue.bias_at(j) } } else { 0.0 };
         // SAFETY: as in the thread body: kk < k and j < n, and i < m where `a` is read; the mask
         // is laid out as `b`.
+        // The loads return the mask's value as it is and the combining tests it, so that every
+        // load of a batch is in flight before any value is used (a test in the load would wait
+        // for each mask value in turn).
         let load = |kk: u64| unsafe {
             let x = if ones { 1.0 } else { p.a.add((a_row + kk * p.a_strides.1) as usize).read().to_f32() };
             let at = (b_col + kk * p.b_strides.0) as usize;
-            let y = p.b.add(at).read().to_f32();
-            // Widening is exact, so the test is the element type's own.
-            (x, if extras.mask.is_null() || extras.mask.add(at).read().to_f32() > 0.0 { y } else { 0.0 })
+            let mask = if MASKED { extras.mask.add(at).read().to_f32() } else { 1.0 };
+            (x, p.b.add(at).read().to_f32(), mask)
         };
-        let acc = if inside {
-            strided_fold::<8, (f32, f32), f32>(slice, p.k, slices, 0.0, load, |acc, (x, y)| fma(x, y, acc))
-        } else {
-            0.0
-        };
+        // Widening is exact, so the test is the element type's own; NaN fails it.
+        let combine = |acc, (x, y, mask): (f32, f32, f32)| fma(x, if mask > 0.0 { y } else { 0.0 }, acc);
+        let acc = if inside { strided_fold::<8, _, f32>(slice, p.k, slices, 0.0, load, combine) } else { 0.0 };
         // Lanes c, c + 4, …, c + 28 of a warp hold eight slices of column c: the butterfly leaves
         // their sum, the same bits, in each of them.
         // SAFETY: the whole warp is here (the branches above have rejoined).
