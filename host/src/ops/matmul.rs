@@ -163,8 +163,10 @@ pub fn linear_relu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
 ///
 /// On CUDA, for a product of at most [`SMALL_PRODUCT_MACS`] multiply-adds, this is one launch:
 /// the bias gradient is one more row of the weight gradient's product (a row of ones), and the
-/// ReLU's mask is applied as `g` is read, so `g'` is never a tensor; the weight gradient has the
-/// same bits as [`matmul_t`]`(x, true, g', false)`. Otherwise, and on the CPU, it is those ops:
+/// ReLU's mask is applied as `g` is read, so `g'` is never a tensor. Its sums are in another
+/// order than [`matmul_t`]`(x, true, g', false)` takes for short sums or fewer than four columns,
+/// so the bits may differ from those ops' (within f32 rounding; the same bits on every run).
+/// Otherwise, and on the CPU, it is those ops:
 /// [`relu_backward`](super::relu_backward), [`matmul_t`] and [`sum_rows`](super::sum_rows).
 /// Errors as theirs: `x`, `g` and `y` on one device and of one dtype, `g` and `y` of one shape,
 /// `x` and `g` of as many rows ([`Error::ShapeMismatch`]).
