@@ -404,6 +404,12 @@ impl Mlp {
                 op: "Mlp::forward",
                 reason: "the MLP has no layers".into(),
             }))?;
+        // With ReLU, the last hidden layer and the output layer are one op (on CUDA, for narrow
+        // inputs and outputs, one launch each way).
+        let (hidden, fused_pair) = match (self.activation, hidden.split_last()) {
+            (Activation::Relu, Some((before_last, rest))) => (rest, Some(before_last)),
+            _ => (hidden, None),
+        };
         let mut h = x.clone();
         for layer in hidden {
             h = match self.activation {
@@ -412,7 +418,10 @@ impl Mlp {
                 other => other.apply(&layer.forward(&h)?)?,
             };
         }
-        last.forward(&h)
+        match fused_pair {
+            Some(first) => crate::ops::linear_relu_linear(&h, first.weight(), first.bias(), last.weight(), last.bias()),
+            None => last.forward(&h),
+        }
     }
 
     /// Every parameter, layer by layer (weight, then bias): what an optimizer updates.

@@ -30,11 +30,36 @@
 //! applied before the one rounding, so a small layer with its bias and activation is one
 //! launch, where the ops apart are three (in a captured graph, three nodes one after another).
 //!
+//! Two more fuse a two-layer block `relu(x · w1 + b1) · w2 + b2` whose input and output are
+//! narrow (a small classifier's hidden layer and logits): `two_layer_forward`, one warp per row
+//! computing the row's hidden units and its outputs, and `two_layer_first_grads`, the first
+//! layer's weight and bias gradients with the hidden layer's gradient `(g · w2ᵀ) · [h > 0]`
+//! computed as it is read. Each adds in the order of the separate kernels it replaces, so the
+//! bits are theirs; in a captured training step each removes one node from the critical path.
+//!
 //! Every thread keeps several loads in flight ([`strided_fold`](crate::device::unroll)): a small
 //! product is bound by memory latency, not by bandwidth or arithmetic.
 use crate::names::MatmulKernels;
 #[cfg(target_arch = "nvptx64")]
 use core::num::NonZeroU64;
+
+/// The two-layer gradient kernels take about 122 registers a thread on sm_90 (two rows of inputs
+/// in flight, a hidden unit's row of `w2`, the sums): at most 512 threads a block, which the
+/// host keeps to.
+#[cfg(not(target_arch = "nvptx64"))]
+pub(crate) const LAUNCH_BOUNDS: &[crate::names::LaunchBounds] = &[
+    two_layer_grads_bounds("two_layer_first_grads_f32"),
+    two_layer_grads_bounds("two_layer_first_grads_f16"),
+    two_layer_grads_bounds("two_layer_first_grads_bf16"),
+];
+
+/// The most threads a block of a two-layer gradient kernel may have.
+pub const TWO_LAYER_GRADS_MAX_BLOCK: u32 = 512;
+
+#[cfg(not(target_arch = "nvptx64"))]
+const fn two_layer_grads_bounds(kernel: &'static str) -> crate::names::LaunchBounds {
+    crate::names::LaunchBounds { kernel, max_threads: TWO_LAYER_GRADS_MAX_BLOCK, min_blocks: 1 }
+}
 
 /// A small-product kernel of element type `$elem`: its parameters, and `$body` (one of the
 /// mappings below) with no epilogue.
@@ -103,7 +128,9 @@ macro_rules! matmul_family {
             linear_thread: $lthread:ident,
             linear_warp: $lwarp:ident,
             linear_columns: $lcolumns:ident,
-            linear_grads: $grads:ident $(,)?
+            linear_grads: $grads:ident,
+            two_layer_forward: $tlf:ident,
+            two_layer_first_grads: $tlg:ident $(,)?
         }
     ) => {
         $(#[$table_doc])*
@@ -117,6 +144,8 @@ macro_rules! matmul_family {
             linear_warp: $lwarp,
             linear_columns: $lcolumns,
             linear_grads: $grads,
+            two_layer_forward: $tlf,
+            two_layer_first_grads: $tlg,
         };
 
         small_product_kernel! {
@@ -255,6 +284,78 @@ macro_rules! matmul_family {
                         columns_per_block::<$elem, false>(p, Epilogue::NONE, extras)
                     }
                 }
+            }
+        }
+
+        crate::kernel! {
+            /// A two-layer block, `y = relu(x · w1 + b1) · w2 + b2`, in one launch, for narrow
+            /// inputs and outputs: `x [m, d_in]`, `w1 [d_in, hidden]`, `w2 [hidden, d_out]`; the
+            /// hidden layer `h = relu(x · w1 + b1)` is written too (its backward needs it). One
+            /// warp per row of `x` (warps grid-stride over the rows): lane `l` computes hidden
+            /// units `l, l + 32, …`, each as the thread linear kernel of this family would (its
+            /// products added in order of the input, then the bias, then the ReLU, rounded once),
+            /// and adds its units' products with `w2` in order, as the warp linear kernel would;
+            /// the warp adds its lanes' sums as a tree and lane 0 writes the row of `y`, its
+            /// bias added. So `h` and `y` have the bits of those two launches.
+            ///
+            /// With `d_in` above [`TWO_LAYER_MAX_IN`] or `d_out` above [`TWO_LAYER_MAX_OUT`]
+            /// nothing is written (the host sends such layers to the composed kernels).
+            ///
+            /// # Safety
+            /// Every pointer is valid for its stated length; `h` and `y` overlap no input nor each
+            /// other; `blockDim.x` is a multiple of 32 (every warp whole).
+            pub unsafe fn $tlf(
+                x: *const [$elem; m * d_in],
+                w1: *const [$elem; d_in * hidden],
+                b1: *const [$elem; hidden],
+                w2: *const [$elem; hidden * d_out],
+                b2: *const [$elem; d_out],
+                h: *mut [$elem; m * hidden],
+                y: *mut [$elem; m * d_out],
+                m: u64,
+                d_in: u64,
+                hidden: u64,
+                d_out: u64,
+            ) {
+                let block = TwoLayers { x, w1, b1, w2, b2, m, d_in, hidden, d_out };
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { two_layer_forward(block, h, y) }
+            }
+        }
+
+        crate::kernel! {
+            /// The first layer's weight and bias gradients of a two-layer block (the forward
+            /// kernel of this family), from its input `x [m, d_in]`, its hidden layer
+            /// `h [m, hidden]`, the gradient `g [m, d_out]` of its output and its second weight
+            /// `w2 [hidden, d_out]`: `dw1 = xᵀ · d` and `db1 = Σ_rows d`, where
+            /// `d = (g · w2ᵀ) · [h > 0]` is computed as it is read and never stored. Each
+            /// value of `g · w2ᵀ` is added in order of the output and rounded to the element type,
+            /// as the thread product of this family computes it, and the sums over rows are the
+            /// `linear_grads` kernel's (slices of rows, a butterfly, the warps in order), so with
+            /// the same block size the results have the bits of those two launches. One block per
+            /// four neighbouring hidden units, which computes all `d_in + 1` of their sums.
+            ///
+            /// With `d_in` above [`TWO_LAYER_MAX_IN`] or `d_out` above [`TWO_LAYER_MAX_OUT`]
+            /// nothing is written.
+            ///
+            /// # Safety
+            /// Every pointer is valid for its stated length; `dw1` and `db1` overlap no input nor
+            /// each other. `blockDim.x` is a multiple of 32, at most 1024, and
+            /// `blockDim.y = blockDim.z = 1`.
+            pub unsafe fn $tlg(
+                x: *const [$elem; m * d_in],
+                h: *const [$elem; m * hidden],
+                g: *const [$elem; m * d_out],
+                w2: *const [$elem; hidden * d_out],
+                dw1: *mut [$elem; d_in * hidden],
+                db1: *mut [$elem; hidden],
+                m: u64,
+                d_in: u64,
+                hidden: u64,
+                d_out: u64,
+            ) {
+                // SAFETY: forwarded from this kernel's contract.
+                unsafe { two_layer_first_grads(x, h, g, w2, (dw1, db1), (m, d_in, hidden, d_out)) }
             }
         }
     };
@@ -654,6 +755,206 @@ unsafe fn load_pair<T: crate::device::element::Element>(a: *const T, b: *const T
     unsafe { (a.add(i as usize).read().to_f32(), b.add(j as usize).read().to_f32()) }
 }
 
+/// The widest input of a fused two-layer block (`two_layer_*` kernels): a row of `x` is held in
+/// registers, as are, in the gradient kernel, the rows of several steps of its sum.
+pub const TWO_LAYER_MAX_IN: u64 = 4;
+
+/// The widest output of a fused two-layer block: a lane's sums for each output, and a hidden
+/// unit's row of `w2`, are held in registers.
+pub const TWO_LAYER_MAX_OUT: u64 = 8;
+
+#[cfg(target_arch = "nvptx64")]
+const MAX_IN: usize = TWO_LAYER_MAX_IN as usize;
+#[cfg(target_arch = "nvptx64")]
+const MAX_OUT: usize = TWO_LAYER_MAX_OUT as usize;
+
+/// A two-layer block's inputs and sizes, as its forward kernel takes them.
+#[cfg(target_arch = "nvptx64")]
+#[derive(Clone, Copy)]
+struct TwoLayers<T> {
+    x: *const T,
+    w1: *const T,
+    b1: *const T,
+    w2: *const T,
+    b2: *const T,
+    m: u64,
+    d_in: u64,
+    hidden: u64,
+    d_out: u64,
+}
+
+/// `values[i] = at(i)` for `i < len` (the rest 0), the loads in flight together.
+///
+/// # Safety
+/// `at(i)` is safe to call for every `i < len`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn load_first<const N: usize>(len: u64, mut at: impl FnMut(u64) -> f32) -> [f32; N]
+where
+    crate::device::unroll::Count<N>: crate::device::unroll::Unrolled,
+{
+    let mut values = [0.0f32; N];
+    crate::device::unroll::unroll::<N>(|i| {
+        if (i as u64) < len {
+            values[i] = at(i as u64);
+        }
+    });
+    values
+}
+
+/// The body of the two-layer forward kernels.
+///
+/// # Safety
+/// The contract of `two_layer_forward_*`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn two_layer_forward<T: crate::device::element::Element>(p: TwoLayers<T>, h: *mut T, y: *mut T) {
+    use crate::device::{index, math::fma, unroll::strided_fold, warp};
+    if p.d_in > TWO_LAYER_MAX_IN || p.d_out > TWO_LAYER_MAX_OUT {
+        return;
+    }
+    let lane = warp::lane_id() as u64;
+    // SAFETY (the loads): c < d_out.
+    let b2: [f32; MAX_OUT] = unsafe { load_first(p.d_out, |c| p.b2.add(c as usize).read().to_f32()) };
+    // Every lane of a warp takes the same rows, so the warp stays converged.
+    for row in index::GridStride::over_warps(p.m) {
+        // The row of `x`, in every lane (one address, one transaction).
+        // SAFETY: row < m, i < d_in.
+        let xs: [f32; MAX_IN] = unsafe { load_first(p.d_in, |i| p.x.add((row * p.d_in + i) as usize).read().to_f32()) };
+        // Hidden unit `j`'s column of `w1`, its bias and its row of `w2`.
+        // SAFETY: j < hidden, i < d_in, c < d_out.
+        let load = |j: u64| unsafe {
+            let w1: [f32; MAX_IN] = load_first(p.d_in, |i| p.w1.add((i * p.hidden + j) as usize).read().to_f32());
+            let w2: [f32; MAX_OUT] = load_first(p.d_out, |c| p.w2.add((j * p.d_out + c) as usize).read().to_f32());
+            (j, w1, p.b1.add(j as usize).read().to_f32(), w2)
+        };
+        let unit = |mut sums: [f32; MAX_OUT], (j, w1, b1, w2): (u64, [f32; MAX_IN], f32, [f32; MAX_OUT])| {
+            // As the thread linear kernel: the products in order from 0, then the bias and ReLU.
+            let mut acc = 0.0f32;
+            crate::device::unroll::unroll::<MAX_IN>(|i| {
+                if (i as u64) < p.d_in {
+                    acc = fma(xs[i], w1[i], acc);
+                }
+            });
+            let value = T::from_f32(crate::activation::relu(acc + b1));
+            // SAFETY: row < m, j < hidden.
+            unsafe { h.add((row * p.hidden + j) as usize).write(value) };
+            let value = value.to_f32();
+            crate::device::unroll::unroll::<MAX_OUT>(|c| {
+                if (c as u64) < p.d_out {
+                    sums[c] = fma(value, w2[c], sums[c]);
+                }
+            });
+            sums
+        };
+        let sums = strided_fold::<4, _, _>(lane, p.hidden, 32, [0.0f32; MAX_OUT], load, unit);
+        crate::device::unroll::unroll::<MAX_OUT>(|c| {
+            if (c as u64) < p.d_out {
+                // SAFETY: the whole warp is here (d_out is the same for every lane).
+                let total = unsafe { warp::warp_sum(sums[c]) };
+                if lane == 0 {
+                    // SAFETY: row < m, c < d_out.
+                    unsafe { y.add((row * p.d_out + c as u64) as usize).write(T::from_f32(total + b2[c])) };
+                }
+            }
+        });
+    }
+}
+
+/// The body of the two-layer gradient kernels: outputs `(dw1, db1)`, sizes
+/// `(m, d_in, hidden, d_out)`.
+///
+/// # Safety
+/// The contract of `two_layer_first_grads_*`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn two_layer_first_grads<T: crate::device::element::Element>(
+    x: *const T,
+    h: *const T,
+    g: *const T,
+    w2: *const T,
+    (dw1, db1): (*mut T, *mut T),
+    (m, d_in, hidden, d_out): (u64, u64, u64, u64),
+) {
+    use crate::device::{block::LaneSums, index, math::fma, unroll::strided_fold, unroll::unroll, warp};
+    use core::arch::nvptx;
+    if d_in > TWO_LAYER_MAX_IN || d_out > TWO_LAYER_MAX_OUT {
+        return;
+    }
+    let mut lane_sums = LaneSums::new();
+    // SAFETY: reading the special registers has no preconditions.
+    let (thread, threads) = unsafe { (nvptx::_thread_idx_x() as u64, nvptx::_block_dim_x() as u64) };
+    let (column, slice, slices) = (thread % TILE_COLUMNS, thread / TILE_COLUMNS, (threads / TILE_COLUMNS).max(1));
+    // Every thread of a block takes the same tiles, so all reach each barrier together.
+    for tile in index::GridStride::over_blocks(hidden.div_ceil(TILE_COLUMNS)) {
+        let j = tile * TILE_COLUMNS + column;
+        let inside = j < hidden;
+        // This thread's hidden unit's row of `w2`.
+        // SAFETY: j < hidden, c < d_out.
+        let w2_row: [f32; MAX_OUT] = if inside {
+            unsafe { load_first(d_out, |c| w2.add((j * d_out + c) as usize).read().to_f32()) }
+        } else {
+            [0.0; MAX_OUT]
+        };
+        // Row r's inputs, output gradient and hidden value (its ReLU's mask).
+        // SAFETY: r < m, i < d_in, c < d_out, j < hidden.
+        let load = |r: u64| unsafe {
+            let (x_row, g_row) = (x.add((r * d_in) as usize), g.add((r * d_out) as usize));
+            let xs: [f32; MAX_IN] = load_first(d_in, |i| x_row.add(i as usize).read().to_f32());
+            let gs: [f32; MAX_OUT] = load_first(d_out, |c| g_row.add(c as usize).read().to_f32());
+            (xs, gs, h.add((r * hidden + j) as usize).read().to_f32())
+        };
+        let combine = |(mut dw, db): ([f32; MAX_IN], f32), (xs, gs, mask): ([f32; MAX_IN], [f32; MAX_OUT], f32)| {
+            // g · w2ᵀ at (r, j) as the thread product computes it, rounded to the element type.
+            let mut d = 0.0f32;
+            unroll::<MAX_OUT>(|c| {
+                if (c as u64) < d_out {
+                    d = fma(gs[c], w2_row[c], d);
+                }
+            });
+            // Widening is exact, so the test is the element type's own; NaN fails it.
+            let d = if mask > 0.0 { T::from_f32(d).to_f32() } else { 0.0 };
+            unroll::<MAX_IN>(|i| {
+                if (i as u64) < d_in {
+                    dw[i] = fma(xs[i], d, dw[i]);
+                }
+            });
+            (dw, fma(1.0, d, db))
+        };
+        let (dw, db) = if inside {
+            strided_fold::<2, _, _>(slice, m, slices, ([0.0; MAX_IN], 0.0), load, combine)
+        } else {
+            ([0.0; MAX_IN], 0.0)
+        };
+        // One column's sum over the block, as `linear_grads` adds it: lanes c, c + 4, …, c + 28
+        // of a warp by a butterfly, then the warps in order.
+        let mut total = |acc: f32| {
+            // SAFETY: the whole warp is here (the branches above have rejoined), and every thread
+            // of the block makes the same calls (d_in is the same for all).
+            unsafe {
+                let pairs = acc + warp::xor_shuffle(acc, 4);
+                let quads = pairs + warp::xor_shuffle(pairs, 8);
+                lane_sums.sum_to_first_warp(quads + warp::xor_shuffle(quads, 16))
+            }
+        };
+        let write = thread < TILE_COLUMNS && inside;
+        unroll::<MAX_IN>(|i| {
+            if (i as u64) < d_in {
+                let sum = total(dw[i]);
+                if write {
+                    // SAFETY: i < d_in, j < hidden.
+                    unsafe { dw1.add((i as u64 * hidden + j) as usize).write(T::from_f32(sum)) };
+                }
+            }
+        });
+        let sum = total(db);
+        if write {
+            // SAFETY: j < hidden.
+            unsafe { db1.add(j as usize).write(T::from_f32(sum)) };
+        }
+    }
+}
+
 matmul_family! {
     /// The small-product kernels for f32 matrices.
     F32, f32, {
@@ -665,6 +966,8 @@ matmul_family! {
         linear_warp: linear_small_warp_f32,
         linear_columns: linear_small_columns_f32,
         linear_grads: linear_grads_columns_f32,
+        two_layer_forward: two_layer_forward_f32,
+        two_layer_first_grads: two_layer_first_grads_f32,
     }
 }
 
@@ -679,6 +982,8 @@ matmul_family! {
         linear_warp: linear_small_warp_f16,
         linear_columns: linear_small_columns_f16,
         linear_grads: linear_grads_columns_f16,
+        two_layer_forward: two_layer_forward_f16,
+        two_layer_first_grads: two_layer_first_grads_f16,
     }
 }
 
@@ -693,5 +998,7 @@ matmul_family! {
         linear_warp: linear_small_warp_bf16,
         linear_columns: linear_small_columns_bf16,
         linear_grads: linear_grads_columns_bf16,
+        two_layer_forward: two_layer_forward_bf16,
+        two_layer_first_grads: two_layer_first_grads_bf16,
     }
 }

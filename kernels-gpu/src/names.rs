@@ -513,11 +513,17 @@ pub struct MatmulKernels {
     /// A linear layer's weight and bias gradients, the output's gradient read through a ReLU's
     /// mask when asked: `(x, g, mask, dw, db, m, k, n, relu)`.
     pub linear_grads: KernelDecl<(In, In, In, Out, Out, u64, u64, u64, u32)>,
+    /// A two-layer block `relu(x · w1 + b1) · w2 + b2` with narrow inputs and outputs, one warp
+    /// per row: `(x, w1, b1, w2, b2, h, y, m, d_in, hidden, d_out)`.
+    pub two_layer_forward: KernelDecl<(In, In, In, In, In, Out, Out, u64, u64, u64, u64)>,
+    /// The first layer's weight and bias gradients of that block, its hidden layer's gradient
+    /// computed as it is read: `(x, h, g, w2, dw1, db1, m, d_in, hidden, d_out)`.
+    pub two_layer_first_grads: KernelDecl<(In, In, In, In, Out, Out, u64, u64, u64, u64)>,
 }
 
 impl MatmulKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 8] {
+    pub const fn all(&self) -> [&'static str; 10] {
         [
             self.small_thread.name(),
             self.small_warp.name(),
@@ -527,6 +533,8 @@ impl MatmulKernels {
             self.linear_warp.name(),
             self.linear_columns.name(),
             self.linear_grads.name(),
+            self.two_layer_forward.name(),
+            self.two_layer_first_grads.name(),
         ]
     }
 }
@@ -551,7 +559,7 @@ pub mod reduction {
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod matmul {
-    pub use crate::matmul::{BF16, F16, F32};
+    pub use crate::matmul::{BF16, F16, F32, TWO_LAYER_GRADS_MAX_BLOCK, TWO_LAYER_MAX_IN, TWO_LAYER_MAX_OUT};
 }
 
 /// The activation tables, by dtype.
@@ -652,13 +660,13 @@ pub const ALL_MATMUL: [MatmulKernels; 3] = [matmul::F32, matmul::F16, matmul::BF
 /// ```
 /// let names: Vec<&str> = opsmith_kernels::names::all_kernel_names().collect();
 /// // Three dtypes of elementwise (with along-a-dim and random), reduction, activation,
-/// // softmax, loss, small-product (4 mappings), small linear-layer (3) and linear-gradient
-/// // (1) kernels; f32 optimizers. Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1
+/// // softmax, loss, small-product (4 mappings), small linear-layer (3), linear-gradient (1)
+/// // and two-layer (2) kernels; f32 optimizers. Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1
 /// // long kernel.
 /// // index_select and gather for six dtypes. The fused attention (two forwards and two
 /// // backward kernels at two head sizes, and one kernel that finishes dQ) for f16 and bf16.
 /// // And the benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 8) + 6 * 2 + 6 + 2 * (2 * 4 + 1) + 1);
+/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 10) + 6 * 2 + 6 + 2 * (2 * 4 + 1) + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]
@@ -777,13 +785,16 @@ impl Family {
     ///
     /// ```
     /// use opsmith_kernels::Family;
-    /// // No kernel carries bounds today (the attention family's `LAUNCH_BOUNDS` says why).
-    /// assert!(Family::ALL.iter().all(|f| f.launch_bounds().is_empty()));
+    /// // Only the two-layer gradient kernels carry bounds today (the attention family's
+    /// // `LAUNCH_BOUNDS` says why its kernels do not).
+    /// let bounded: Vec<&str> = Family::ALL.iter().flat_map(|f| f.launch_bounds()).map(|b| b.kernel).collect();
+    /// assert_eq!(bounded, ["two_layer_first_grads_f32", "two_layer_first_grads_f16", "two_layer_first_grads_bf16"]);
     /// ```
     #[cfg(not(target_arch = "nvptx64"))]
     pub const fn launch_bounds(self) -> &'static [LaunchBounds] {
         match self {
             Family::Attention => crate::attention::LAUNCH_BOUNDS,
+            Family::Matmul => crate::matmul::LAUNCH_BOUNDS,
             _ => &[],
         }
     }

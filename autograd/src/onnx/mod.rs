@@ -757,6 +757,16 @@ impl Lowering {
                 }
                 nodes
             }
+            Traced::LinearReluLinear => {
+                let names = ["matmul", "biased", "hidden", "output_matmul"].map(|part| format!("{output}/{part}"));
+                vec![
+                    node("MatMul", &ins[..2], &names[0], vec![]),
+                    node("Add", &[names[0].as_str(), ins[2]], &names[1], vec![]),
+                    node("Relu", &[&names[1]], &names[2], vec![]),
+                    node("MatMul", &[names[2].as_str(), ins[3]], &names[3], vec![]),
+                    node("Add", &[names[3].as_str(), ins[4]], output, vec![]),
+                ]
+            }
             Traced::Relu => vec![standard("Relu", vec![])],
             Traced::Gelu => vec![standard("Gelu", vec![Attribute::string("approximate", "tanh")])],
             Traced::Sum => vec![reduce("ReduceSum")],
@@ -949,6 +959,7 @@ fn lowered_name(op: &Traced) -> &'static str {
         Traced::Matmul => "matmul",
         Traced::Linear { relu: false } => "linear",
         Traced::Linear { relu: true } => "linear_relu",
+        Traced::LinearReluLinear => "linear_relu_linear",
         Traced::Relu => "relu",
         Traced::Gelu => "gelu",
         Traced::Silu => "silu",

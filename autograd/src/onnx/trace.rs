@@ -25,6 +25,8 @@ pub(crate) enum Traced {
     Linear {
         relu: bool,
     },
+    /// `relu(x · w1 + b1) · w2 + b2`, inputs `x, w1, b1, w2, b2`.
+    LinearReluLinear,
     Relu,
     Gelu,
     Silu,

@@ -611,6 +611,90 @@ fn linear_layer(x: &Var, w: &Var, b: &Var, relu: bool) -> Result<Var> {
     })
 }
 
+/// A two-layer block, `relu(x · w1 + b1) · w2 + b2` for `x [m, d_in]`, `w1 [d_in, hidden]`,
+/// `w2 [hidden, d_out]`: the values of [`linear_relu`] then [`linear`] as one op, which on CUDA,
+/// for narrow inputs and outputs, is one launch forward (see
+/// [`opsmith_host::ops::linear_relu_linear`]). [`nn::Mlp`](crate::nn::Mlp) takes it for its
+/// last two layers when its activation is ReLU.
+///
+/// Backward, with `d = (g · w2ᵀ) · [h > 0]` the hidden layer's gradient: `gw2 = hᵀ · g`,
+/// `gb2 = Σ_rows g` (one [`linear_grads`](opsmith_host::ops::linear_grads) launch),
+/// `gw1 = xᵀ · d`, `gb1 = Σ_rows d` (one launch that computes `d` as it reads it, when `x` needs
+/// no gradient) and `gx = d · w1ᵀ`, each only when wanted. The gradients are the separate
+/// layers' (on CUDA the same bits, up to 1024 rows).
+///
+/// ```
+/// # fn main() -> opsmith_autograd::Result<()> {
+/// use opsmith_autograd::{Tape, ops};
+/// use opsmith_host::{Device, Tensor};
+/// let tape = Tape::new();
+/// let x = tape.var(Tensor::from_vec(vec![1.0f32, 2.0], [1, 2], Device::Cpu)?);
+/// let w1 = tape.var(Tensor::from_vec(vec![1.0f32, -1.0, 1.0, -1.0], [2, 2], Device::Cpu)?);
+/// let b1 = tape.var(Tensor::from_vec(vec![0.5f32, 0.5], [2], Device::Cpu)?);
+/// let w2 = tape.var(Tensor::from_vec(vec![2.0f32, 1.0], [2, 1], Device::Cpu)?);
+/// let b2 = tape.var(Tensor::from_vec(vec![-1.0f32], [1], Device::Cpu)?);
+/// let y = ops::linear_relu_linear(&x, &w1, &b1, &w2, &b2)?; // h = [3.5, 0]
+/// assert_eq!(y.value().to_vec::<f32>()?, [6.0]);
+/// let grads = tape.backward(&ops::sum(&y)?)?;
+/// assert_eq!(grads.get(&w2).unwrap().to_vec::<f32>()?, [3.5, 0.0]); // hᵀ
+/// assert_eq!(grads.get(&b1).unwrap().to_vec::<f32>()?, [2.0, 0.0]); // w2ᵀ where h > 0
+/// assert_eq!(grads.get(&x).unwrap().to_vec::<f32>()?, [2.0, 2.0]); // d · w1ᵀ
+/// # Ok(()) }
+/// ```
+pub fn linear_relu_linear(x: &Var, w1: &Var, b1: &Var, w2: &Var, b2: &Var) -> Result<Var> {
+    let op = "linear_relu_linear";
+    let (out, h) = host::linear_relu_linear(x.value(), w1.value(), b1.value(), w2.value(), b2.value())?;
+    record_or_constant!(op, Traced::LinearReluLinear, &[x, w1, b1, w2, b2], out, |tape| {
+        let (x_needs, w1_needs, b1_needs) = (x.requires_grad(), w1.requires_grad(), b1.requires_grad());
+        let (w2_needs, b2_needs) = (w2.requires_grad(), b2.requires_grad());
+        let first_needs = x_needs || w1_needs || b1_needs;
+        // The hidden layer is saved when either layer's gradients need it; `w2` when the first
+        // layer's do; `x` for `gw1`, `w1` for `gx`.
+        let saved_h = (first_needs || w2_needs).then(|| h.clone());
+        let saved_w2 = save_if(first_needs, w2.value());
+        let (saved_x, saved_w1) = (save_if(w1_needs, x.value()), save_if(x_needs, w1.value()));
+        let keep = saved_refs(&[&saved_h, &saved_w2, &saved_x, &saved_w1]);
+        tape.record(op, &[x, w1, b1, w2, b2], out, &keep.iter().collect::<Vec<_>>(), move |g| {
+            // The second layer: a plain linear layer's gradients over the hidden layer.
+            let (dw2, db2) = match &saved_h {
+                Some(h) if w2_needs && b2_needs => {
+                    let (dw2, db2) = host::linear_grads(h, g, None)?;
+                    (Some(dw2), Some(db2))
+                }
+                saved_h => (
+                    saved_h.as_ref().filter(|_| w2_needs).map(|h| host::matmul_t(h, true, g, false)).transpose()?,
+                    if b2_needs { Some(host::sum_rows(g)?) } else { None },
+                ),
+            };
+            let (mut dx, mut dw1, mut db1) = (None, None, None);
+            if let (Some(h), Some(w2)) = (&saved_h, &saved_w2) {
+                match &saved_x {
+                    // Both parameters and not the input: one op, the hidden gradient never a tensor.
+                    Some(x) if b1_needs && !x_needs => {
+                        let (w, b) = host::linear_relu_linear_first_grads(x, h, g, w2)?;
+                        (dw1, db1) = (Some(w), Some(b));
+                    }
+                    saved_x => {
+                        let d = host::relu_backward(&host::matmul_t(g, false, w2, true)?, h)?;
+                        dx = saved_w1.as_ref().map(|w1| host::matmul_t(&d, false, w1, true)).transpose()?;
+                        (dw1, db1) = match saved_x {
+                            Some(x) if b1_needs => {
+                                let (w, b) = host::linear_grads(x, &d, None)?;
+                                (Some(w), Some(b))
+                            }
+                            _ => (
+                                saved_x.as_ref().map(|x| host::matmul_t(x, true, &d, false)).transpose()?,
+                                if b1_needs { Some(host::sum_rows(&d)?) } else { None },
+                            ),
+                        };
+                    }
+                }
+            }
+            Ok(vec![dx, dw1, db1, dw2, db2])
+        })
+    })
+}
+
 /// Records an activation `f(x)` whose backward is one fused kernel of `(g, x)`.
 fn activation(
     op: &'static str,

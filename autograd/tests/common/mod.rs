@@ -93,6 +93,18 @@ pub fn cases() -> Vec<Case> {
         ("linear_relu then linear", vec![&[4, 3], &[3, 5], &[5], &[5, 2], &[2]], |v| {
             ops::linear(&ops::linear_relu(&v[0], &v[1], &v[2])?, &v[3], &v[4])
         }),
+        // The two-layer block: every input's gradient (the composed backward of the first
+        // layer), then with a constant input (on CUDA, the first layer's gradients in one launch).
+        ("linear_relu_linear", vec![&[4, 3], &[3, 5], &[5], &[5, 2], &[2]], |v| {
+            ops::linear_relu_linear(&v[0], &v[1], &v[2], &v[3], &v[4])
+        }),
+        ("linear_relu_linear of a constant", vec![&[6, 2], &[2, 5], &[5], &[5, 3], &[3]], |v| {
+            // A fixed input (finite differences must not move it); v[0] only shifts the rows.
+            let fixed: Vec<f64> = (0..12).map(|i| f64::from((i * 7) % 5) * 0.5 - 1.0).collect();
+            let (device, dtype) = (v[0].value().device(), v[0].value().dtype());
+            let x = Var::constant(opsmith_host::Tensor::from_vec(fixed, [6, 2], device)?.to_dtype(dtype)?);
+            ops::add(&ops::linear_relu_linear(&x, &v[1], &v[2], &v[3], &v[4])?, &ops::sum_dim(&v[0], 1, true)?)
+        }),
         // Shape ops: each moves elements, and its gradient moves them back.
         ("narrow", vec![&[3, 5]], |v| ops::narrow(&v[0], 1, 1, 3)),
         // Along the leading dim the narrowed rows are one contiguous block of the input.

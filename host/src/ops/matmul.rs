@@ -240,6 +240,14 @@ fn linear_layer(op: &'static str, x: &Tensor, w: &Tensor, b: &Tensor, relu: bool
     Ok(biased)
 }
 
+/// Whether small products run on opsmith's own kernels: not with `OPSMITH_SMALL_MATMUL=0` in
+/// the environment (read once per process; for comparisons with cuBLAS).
+#[cfg(feature = "cuda")]
+pub(super) fn small_products_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("OPSMITH_SMALL_MATMUL").map_or(true, |v| v.trim() != "0"))
+}
+
 /// One checked product: the operands' layout and the sizes of `op(a) [m, k] · op(b) [k, n]`.
 struct Product {
     op: &'static str,
@@ -287,10 +295,8 @@ impl Product {
     /// with cuBLAS).
     #[cfg(feature = "cuda")]
     fn is_small(&self) -> bool {
-        static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let enabled = *ENABLED.get_or_init(|| std::env::var("OPSMITH_SMALL_MATMUL").map_or(true, |v| v.trim() != "0"));
         let macs = (self.batch as u128) * (self.m as u128) * (self.k as u128) * (self.n as u128);
-        enabled && macs <= SMALL_PRODUCT_MACS as u128
+        small_products_enabled() && macs <= SMALL_PRODUCT_MACS as u128
     }
 
     /// Whether the result has no elements or is all zeros (an empty sum): no library call.
@@ -488,7 +494,7 @@ const COLUMN_TILE: u64 = 4;
 /// and enough slices that each thread adds at most eight products (one batch of loads in
 /// flight), up to 256 slices (1024 threads); a whole number of warps.
 #[cfg(feature = "cuda")]
-fn column_split_block(k: u64) -> u32 {
+pub(super) fn column_split_block(k: u64) -> u32 {
     let slices = k.div_ceil(8).clamp(8, 256).next_multiple_of(8);
     // At most 256 · 4 = 1024 threads, so the conversion cannot fail.
     u32::try_from(slices * COLUMN_TILE).unwrap_or(1024)

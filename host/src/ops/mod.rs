@@ -43,6 +43,7 @@ mod matmul;
 mod optim;
 mod reduce;
 mod softmax;
+mod two_layer;
 
 pub use activation::{
     gelu, gelu_backward, gelu_backward_into, gelu_into, relu, relu_backward, relu_backward_into, relu_into, silu,
@@ -63,6 +64,7 @@ pub use optim::{
 };
 pub use reduce::{add_row, expand_scalar, mean, sum, sum_rows};
 pub use softmax::{softmax, softmax_backward};
+pub use two_layer::{linear_relu_linear, linear_relu_linear_first_grads};
 
 use crate::{Result, Tensor};
 use elementwise::{

@@ -508,6 +508,234 @@ pub fn linear_grads_errors(device: Device) -> Result<()> {
     Ok(())
 }
 
+/// Two-layer block shapes `(m, d_in, hidden, d_out)`: train_mlp's `[1024, 2] → 128 → 2`; one
+/// of each; odd sizes; the widest input and output the fused kernels take with more than 1024
+/// rows; a hidden layer past the warp mapping's 256; an input and an output too wide for the
+/// fused kernels (the composed ops); no input features at all.
+pub const TWO_LAYER_SHAPES: [(usize, usize, usize, usize); 8] = [
+    (1024, 2, 128, 2),
+    (1, 1, 1, 1),
+    (37, 3, 70, 5),
+    (1029, 4, 33, 8),
+    (300, 4, 300, 7),
+    (64, 5, 16, 3),
+    (50, 2, 20, 9),
+    (8, 0, 6, 2),
+];
+
+/// Values with exact zeros, `-0`, NaN and negatives where a ReLU's mask must not count.
+fn with_mask_cases(mut values: Vec<f64>) -> Vec<f64> {
+    for (i, y) in values.iter_mut().enumerate() {
+        *y = match i % 11 {
+            3 => 0.0,
+            5 => -0.0,
+            7 => f64::NAN,
+            _ => *y,
+        };
+    }
+    values
+}
+
+/// Asserts `got` within [`tolerance`] of the reference, widened by one more rounding to the
+/// dtype at the size of `scale`: the composed ops store an intermediate in the dtype (a product
+/// before its bias is added, `g · w2ᵀ` before its sum), and so does the fused gradient.
+fn assert_close_rounded_terms(got: &[f64], reference: &[f64], scale: &[f64], dtype: DType, k: usize, context: &str) {
+    assert_eq!(got.len(), reference.len(), "{context}: element count");
+    let term = if dtype == DType::F64 { 0.0 } else { dtype.unit_roundoff() * 1.01 };
+    for (i, ((&g, &r), &s)) in got.iter().zip(reference).zip(scale).enumerate() {
+        let tol = tolerance(dtype, k, r, s) + term * s;
+        assert!((g - r).abs() <= tol, "{context}: element {i} = {g:e}, f64 reference {r:e}, tolerance {tol:e}");
+    }
+}
+
+/// `linear_relu_linear` and `linear_relu_linear_first_grads` against f64 on every dtype, shape
+/// and operand offset, over outputs from a NaN-poisoned pool: the hidden layer against
+/// `relu(x · w1 + b1)`, the output against the hidden layer the op returned times `w2` plus
+/// `b2`, and the first layer's gradients (with a hidden layer holding zeros, `-0`, NaN and
+/// negatives) against `xᵀ · d` and `Σ_rows d` for `d = (g · w2ᵀ) · [h > 0]`. On CUDA, where the
+/// separate layers' kernels add in the same order (up to 1024 rows and 256 hidden units), the
+/// results must also have those ops' bits.
+pub fn two_layer_against_f64(device: Device) -> Result<()> {
+    let mut seed = 12000;
+    for dtype in super::DTYPES {
+        for (m, d_in, hidden, d_out) in TWO_LAYER_SHAPES {
+            for offset in OFFSETS {
+                seed += 1;
+                let context = format!("{dtype} on {device}, [{m}, {d_in}] -> {hidden} -> {d_out}, offset {offset}");
+                let mut rng = StdRng::seed_from_u64(seed);
+                let x_values = random_values(&mut rng, m * d_in, dtype);
+                let w1_values = random_values(&mut rng, d_in * hidden, dtype);
+                let b1_values = random_values(&mut rng, hidden, dtype);
+                let w2_values = random_values(&mut rng, hidden * d_out, dtype);
+                let b2_values = random_values(&mut rng, d_out, dtype);
+                let g_values = random_values(&mut rng, m * d_out, dtype);
+                let mask_values = with_mask_cases(random_values(&mut rng, m * hidden, dtype));
+                let x = operand(&x_values, &[m, d_in], offset, dtype, device)?;
+                let w1 = operand(&w1_values, &[d_in, hidden], (offset * 2) % 4, dtype, device)?;
+                let b1 = operand(&b1_values, &[hidden], offset, dtype, device)?;
+                let w2 = operand(&w2_values, &[hidden, d_out], offset, dtype, device)?;
+                let b2 = operand(&b2_values, &[d_out], (offset * 3) % 4, dtype, device)?;
+                let g = operand(&g_values, &[m, d_out], offset, dtype, device)?;
+                let mask = operand(&mask_values, &[m, hidden], (offset * 2) % 4, dtype, device)?;
+                if !supported(dtype, device) {
+                    let err = ops::linear_relu_linear(&x, &w1, &b1, &w2, &b2).expect_err("f64 has no CUDA product");
+                    assert!(matches!(err, Error::UnsupportedDType { dtype: DType::F64, .. }), "{context}: {err}");
+                    let err = ops::linear_relu_linear_first_grads(&x, &mask, &g, &w2).expect_err("f64 on CUDA");
+                    assert!(matches!(err, Error::UnsupportedDType { dtype: DType::F64, .. }), "{context}: {err}");
+                    continue;
+                }
+
+                // Forward.
+                poison_pool(m * hidden, dtype, device)?;
+                poison_pool(m * d_out, dtype, device)?;
+                let (y, h) = ops::linear_relu_linear(&x, &w1, &b1, &w2, &b2)?;
+                assert_eq!((y.dims(), h.dims()), (&[m, d_out][..], &[m, hidden][..]), "{context}");
+                let (pre, pre_scale) = reference(&x_values, false, &w1_values, false, Dims::new(m, d_in, hidden));
+                let h_expected: Vec<f64> =
+                    pre.iter().enumerate().map(|(i, p)| (p + b1_values[i % hidden]).max(0.0)).collect();
+                let h_scale: Vec<f64> =
+                    pre_scale.iter().enumerate().map(|(i, s)| s + b1_values[i % hidden].abs()).collect();
+                let h_got = values(&h)?;
+                assert_close_rounded_terms(
+                    &h_got,
+                    &h_expected,
+                    &h_scale,
+                    dtype,
+                    d_in + 1,
+                    &format!("{context}, hidden"),
+                );
+                let (out, out_scale) = reference(&h_got, false, &w2_values, false, Dims::new(m, hidden, d_out));
+                let y_expected: Vec<f64> = out.iter().enumerate().map(|(i, o)| o + b2_values[i % d_out]).collect();
+                let y_scale: Vec<f64> =
+                    out_scale.iter().enumerate().map(|(i, s)| s + b2_values[i % d_out].abs()).collect();
+                let y_got = values(&y)?;
+                assert_close_rounded_terms(
+                    &y_got,
+                    &y_expected,
+                    &y_scale,
+                    dtype,
+                    hidden + 1,
+                    &format!("{context}, output"),
+                );
+
+                // The first layer's gradients, through a mask with zeros, -0, NaN and negatives.
+                poison_pool(d_in * hidden, dtype, device)?;
+                poison_pool(hidden, dtype, device)?;
+                let (dw1, db1) = ops::linear_relu_linear_first_grads(&x, &mask, &g, &w2)?;
+                assert_eq!((dw1.dims(), db1.dims()), (&[d_in, hidden][..], &[hidden][..]), "{context}");
+                let (gw, gw_scale) = reference(&g_values, false, &w2_values, true, Dims::new(m, d_out, hidden));
+                let keep = |i: usize| mask_values[i] > 0.0;
+                let d: Vec<f64> = gw.iter().enumerate().map(|(i, &v)| if keep(i) { v } else { 0.0 }).collect();
+                let d_abs: Vec<f64> =
+                    gw_scale.iter().enumerate().map(|(i, &s)| if keep(i) { s } else { 0.0 }).collect();
+                let x_abs: Vec<f64> = x_values.iter().map(|v| v.abs()).collect();
+                let (dw_expected, _) = reference(&x_values, true, &d, false, Dims::new(d_in, m, hidden));
+                let (_, dw_scale) = reference(&x_abs, true, &d_abs, false, Dims::new(d_in, m, hidden));
+                let ones = vec![1.0; m];
+                let (db_expected, _) = reference(&ones, true, &d, false, Dims::new(1, m, hidden));
+                let (_, db_scale) = reference(&ones, true, &d_abs, false, Dims::new(1, m, hidden));
+                let k = m + d_out;
+                assert_close_rounded_terms(
+                    &values(&dw1)?,
+                    &dw_expected,
+                    &dw_scale,
+                    dtype,
+                    k,
+                    &format!("{context}, gw1"),
+                );
+                assert_close_rounded_terms(
+                    &values(&db1)?,
+                    &db_expected,
+                    &db_scale,
+                    dtype,
+                    k,
+                    &format!("{context}, gb1"),
+                );
+
+                // On CUDA, the separate layers' bits where their kernels add in the same order.
+                if device.is_cuda() && m <= 1024 && hidden <= 256 {
+                    let h_apart = ops::linear_relu(&x, &w1, &b1)?;
+                    assert_eq!(h_got, values(&h_apart)?, "{context}: hidden layer, fused and apart");
+                    assert_eq!(
+                        values(&y)?,
+                        values(&ops::linear(&h_apart, &w2, &b2)?)?,
+                        "{context}: output, fused and apart"
+                    );
+                    let (dw_apart, db_apart) =
+                        ops::linear_grads(&x, &ops::matmul_t(&g, false, &w2, true)?, Some(&mask))?;
+                    assert_eq!(values(&dw1)?, values(&dw_apart)?, "{context}: gw1, fused and apart");
+                    assert_eq!(values(&db1)?, values(&db_apart)?, "{context}: gb1, fused and apart");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The two-layer ops' errors, each naming the op: inner dimensions that disagree, biases of the
+/// wrong length, a dtype or device apart, operands that are not matrices.
+pub fn two_layer_errors(device: Device) -> Result<()> {
+    let t = |dims: &[usize], dtype: DType| Tensor::full(1.0, dims, dtype, device);
+    let f = |dims: &[usize]| t(dims, DType::F32);
+    let (x, w1, b1, w2, b2) = (f(&[4, 3])?, f(&[3, 5])?, f(&[5])?, f(&[5, 2])?, f(&[2])?);
+    let op = "linear_relu_linear";
+    match ops::linear_relu_linear(&x, &f(&[2, 5])?, &b1, &w2, &b2) {
+        Err(Error::ShapeMismatch { op: o, lhs, rhs }) if o == op => assert_eq!((lhs, rhs), (vec![4, 3], vec![2, 5])),
+        other => panic!("expected a mismatch of x and w1, got {other:?}"),
+    }
+    match ops::linear_relu_linear(&x, &w1, &b1, &f(&[4, 2])?, &b2) {
+        Err(Error::ShapeMismatch { op: o, lhs, rhs }) if o == op => assert_eq!((lhs, rhs), (vec![3, 5], vec![4, 2])),
+        other => panic!("expected a mismatch of w1 and w2, got {other:?}"),
+    }
+    match ops::linear_relu_linear(&x, &w1, &f(&[4])?, &w2, &b2) {
+        Err(Error::ShapeMismatch { op: o, lhs, rhs }) if o == op => assert_eq!((lhs, rhs), (vec![5], vec![4])),
+        other => panic!("expected a mismatch of b1, got {other:?}"),
+    }
+    match ops::linear_relu_linear(&x, &w1, &b1, &w2, &f(&[1, 2])?) {
+        Err(Error::ShapeMismatch { op: o, lhs, rhs }) if o == op => assert_eq!((lhs, rhs), (vec![2], vec![1, 2])),
+        other => panic!("expected a mismatch of b2, got {other:?}"),
+    }
+    match ops::linear_relu_linear(&x, &w1, &b1, &t(&[5, 2], DType::BF16)?, &b2) {
+        Err(Error::DTypeMismatch { op: o, .. }) if o == op => {}
+        other => panic!("expected a dtype mismatch, got {other:?}"),
+    }
+    match ops::linear_relu_linear(&f(&[3])?, &w1, &b1, &w2, &b2) {
+        Err(Error::InvalidArgument { op: o, .. }) if o == op => {}
+        other => panic!("expected a rejected 1-D input, got {other:?}"),
+    }
+    let op = "linear_relu_linear_first_grads";
+    let (h, g) = (f(&[4, 5])?, f(&[4, 2])?);
+    match ops::linear_relu_linear_first_grads(&x, &f(&[4, 4])?, &g, &w2) {
+        Err(Error::ShapeMismatch { op: o, lhs, rhs }) if o == op => assert_eq!((lhs, rhs), (vec![4, 5], vec![4, 4])),
+        other => panic!("expected a mismatch of h, got {other:?}"),
+    }
+    match ops::linear_relu_linear_first_grads(&x, &h, &f(&[3, 2])?, &w2) {
+        Err(Error::ShapeMismatch { op: o, lhs, rhs }) if o == op => assert_eq!((lhs, rhs), (vec![4, 2], vec![3, 2])),
+        other => panic!("expected a mismatch of g, got {other:?}"),
+    }
+    match ops::linear_relu_linear_first_grads(&x, &h, &g, &t(&[5, 2], DType::F16)?) {
+        Err(Error::DTypeMismatch { op: o, .. }) if o == op => {}
+        other => panic!("expected a dtype mismatch, got {other:?}"),
+    }
+    match ops::linear_relu_linear_first_grads(&x, &h, &f(&[8])?, &w2) {
+        Err(Error::InvalidArgument { op: o, .. }) if o == op => {}
+        other => panic!("expected a rejected 1-D gradient, got {other:?}"),
+    }
+    if device.is_cuda() {
+        let cpu_b2 = Tensor::full(1.0, [2], DType::F32, Device::Cpu)?;
+        match ops::linear_relu_linear(&x, &w1, &b1, &w2, &cpu_b2) {
+            Err(Error::DeviceMismatch { op: "linear_relu_linear", .. }) => {}
+            other => panic!("expected a device mismatch, got {other:?}"),
+        }
+        let cpu_g = Tensor::full(1.0, [4, 2], DType::F32, Device::Cpu)?;
+        match ops::linear_relu_linear_first_grads(&x, &h, &cpu_g, &w2) {
+            Err(Error::DeviceMismatch { op: "linear_relu_linear_first_grads", .. }) => {}
+            other => panic!("expected a device mismatch, got {other:?}"),
+        }
+    }
+    Ok(())
+}
+
 /// Lists the shared matmul cases, for the suites to run.
 #[macro_export]
 macro_rules! matmul_cases {
@@ -543,6 +771,14 @@ macro_rules! matmul_cases {
         #[test]
         fn linear_grads_errors() -> opsmith_host::Result<()> {
             common::matmul::linear_grads_errors($device)
+        }
+        #[test]
+        fn two_layer_against_f64() -> opsmith_host::Result<()> {
+            common::matmul::two_layer_against_f64($device)
+        }
+        #[test]
+        fn two_layer_errors() -> opsmith_host::Result<()> {
+            common::matmul::two_layer_errors($device)
         }
     };
 }
