@@ -34,8 +34,8 @@
 //! narrow (a small classifier's hidden layer and logits): `two_layer_forward`, one warp per row
 //! computing the row's hidden units and its outputs, and `two_layer_first_grads`, the first
 //! layer's weight and bias gradients with the hidden layer's gradient `(g · w2ᵀ) · [h > 0]`
-//! computed as it is read. Each adds in the order of the separate kernels it replaces, so the
-//! bits are theirs; in a captured training step each removes one node from the critical path.
+//! computed as it is read. Each adds in the order of one of the separate kernels it replaces;
+//! in a captured training step each removes one node from the critical path.
 //!
 //! Every thread keeps several loads in flight ([`strided_fold`](crate::device::unroll)): a small
 //! product is bound by memory latency, not by bandwidth or arithmetic.
@@ -296,7 +296,8 @@ macro_rules! matmul_family {
             /// products added in order of the input, then the bias, then the ReLU, rounded once),
             /// and adds its units' products with `w2` in order, as the warp linear kernel would;
             /// the warp adds its lanes' sums as a tree and lane 0 writes the row of `y`, its
-            /// bias added. So `h` and `y` have the bits of those two launches.
+            /// bias added. So `h` has the bits of the thread linear kernel, and `y` those of the
+            /// warp linear kernel (which the host takes for 33 to 256 hidden units).
             ///
             /// With `d_in` above [`TWO_LAYER_MAX_IN`] or `d_out` above [`TWO_LAYER_MAX_OUT`]
             /// nothing is written (the host sends such layers to the composed kernels).

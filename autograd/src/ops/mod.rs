@@ -620,8 +620,8 @@ fn linear_layer(x: &Var, w: &Var, b: &Var, relu: bool) -> Result<Var> {
 /// Backward, with `d = (g · w2ᵀ) · [h > 0]` the hidden layer's gradient: `gw2 = hᵀ · g`,
 /// `gb2 = Σ_rows g` (one [`linear_grads`](opsmith_host::ops::linear_grads) launch),
 /// `gw1 = xᵀ · d`, `gb1 = Σ_rows d` (one launch that computes `d` as it reads it, when `x` needs
-/// no gradient) and `gx = d · w1ᵀ`, each only when wanted. The gradients are the separate
-/// layers' (on CUDA the same bits, up to 1024 rows).
+/// no gradient) and `gx = d · w1ᵀ`, each only when wanted. The values are the separate layers'
+/// (on CUDA the same bits with 33 to 256 hidden units and up to 1024 rows).
 ///
 /// ```
 /// # fn main() -> opsmith_autograd::Result<()> {

@@ -6,9 +6,10 @@
 //! [`TWO_LAYER_MAX_OUT`](opsmith_kernels::names::matmul::TWO_LAYER_MAX_OUT) features) and both
 //! products small ([`SMALL_PRODUCT_MACS`](super::SMALL_PRODUCT_MACS)), each is one launch where the layers apart are two:
 //! in a captured training step, two nodes fewer one after another. The kernels add in the order
-//! of the separate layers' kernels, so both ways give the same bits (for the gradients, with up
-//! to 1024 rows; beyond, the order of the row sums differs within f32 rounding). Otherwise, and
-//! on the CPU, the ops are [`linear_relu`], [`linear`], [`matmul_t`] and [`linear_grads`].
+//! of the separate layers' kernels where those take the same mapping, so both ways give the same
+//! bits: the forward with 33 to 256 hidden units, the gradients with up to 1024 rows (elsewhere
+//! the order of the sums differs, within f32 rounding). Otherwise, and on the CPU, the ops are
+//! [`linear_relu`], [`linear`], [`matmul_t`] and [`linear_grads`].
 use super::check;
 use super::matmul::{linear, linear_grads, linear_relu, matmul_t};
 use crate::{Error, Result, Tensor};
@@ -18,7 +19,8 @@ use crate::{Error, Result, Tensor};
 /// output `[m, d_out]` and the hidden layer `[m, hidden]`, which the block's backward needs
 /// ([`linear_relu_linear_first_grads`]).
 ///
-/// The same values as [`linear_relu`] then [`linear`] (on CUDA the same bits); on CUDA, with
+/// The same values as [`linear_relu`] then [`linear`] (on CUDA with 33 to 256 hidden units the
+/// same bits); on CUDA, with
 /// narrow inputs and outputs and small products, one launch (see the module docs). Errors: every
 /// tensor on one device and of one dtype, the shapes above ([`Error::ShapeMismatch`] or
 /// [`Error::InvalidArgument`], naming `linear_relu_linear`).

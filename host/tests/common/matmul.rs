@@ -553,8 +553,8 @@ fn assert_close_rounded_terms(got: &[f64], reference: &[f64], scale: &[f64], dty
 /// `relu(x · w1 + b1)`, the output against the hidden layer the op returned times `w2` plus
 /// `b2`, and the first layer's gradients (with a hidden layer holding zeros, `-0`, NaN and
 /// negatives) against `xᵀ · d` and `Σ_rows d` for `d = (g · w2ᵀ) · [h > 0]`. On CUDA, where the
-/// separate layers' kernels add in the same order (up to 1024 rows and 256 hidden units), the
-/// results must also have those ops' bits.
+/// separate layers' kernels add in the same order (the gradients up to 1024 rows, the output
+/// with 33 to 256 hidden units), the results must also have those ops' bits.
 pub fn two_layer_against_f64(device: Device) -> Result<()> {
     let mut seed = 12000;
     for dtype in super::DTYPES {
@@ -653,14 +653,13 @@ pub fn two_layer_against_f64(device: Device) -> Result<()> {
                 );
 
                 // On CUDA, the separate layers' bits where their kernels add in the same order.
-                if device.is_cuda() && m <= 1024 && hidden <= 256 {
+                if device.is_cuda() && m <= 1024 {
                     let h_apart = ops::linear_relu(&x, &w1, &b1)?;
                     assert_eq!(h_got, values(&h_apart)?, "{context}: hidden layer, fused and apart");
-                    assert_eq!(
-                        values(&y)?,
-                        values(&ops::linear(&h_apart, &w2, &b2)?)?,
-                        "{context}: output, fused and apart"
-                    );
+                    if (33..=256).contains(&hidden) {
+                        let y_apart = values(&ops::linear(&h_apart, &w2, &b2)?)?;
+                        assert_eq!(y_got, y_apart, "{context}: output, fused and apart");
+                    }
                     let (dw_apart, db_apart) =
                         ops::linear_grads(&x, &ops::matmul_t(&g, false, &w2, true)?, Some(&mask))?;
                     assert_eq!(values(&dw1)?, values(&dw_apart)?, "{context}: gw1, fused and apart");
