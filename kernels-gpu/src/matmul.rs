@@ -43,8 +43,8 @@ use crate::names::MatmulKernels;
 #[cfg(target_arch = "nvptx64")]
 use core::num::NonZeroU64;
 
-/// The two-layer gradient kernels take about 122 registers a thread on sm_90 (two rows of inputs
-/// in flight, a hidden unit's row of `w2`, the sums): at most 512 threads a block, which the
+/// The two-layer gradient kernels hold several rows of output gradients in flight a thread, and
+/// a hidden unit's row of `w2`: at most 512 threads a block (128 registers on sm_90), which the
 /// host keeps to.
 #[cfg(not(target_arch = "nvptx64"))]
 pub(crate) const LAUNCH_BOUNDS: &[crate::names::LaunchBounds] = &[
@@ -334,7 +334,8 @@ macro_rules! matmul_family {
             /// as the thread product of this family computes it, and the sums over rows are the
             /// `linear_grads` kernel's (slices of rows, a butterfly, the warps in order), so with
             /// the same block size the results have the bits of those two launches. One block per
-            /// four neighbouring hidden units, which computes all `d_in + 1` of their sums.
+            /// four neighbouring hidden units of a row of `dw1` (or of `db1`), as in
+            /// `linear_grads`.
             ///
             /// With `d_in` above [`TWO_LAYER_MAX_IN`] or `d_out` above [`TWO_LAYER_MAX_OUT`]
             /// nothing is written.
@@ -863,7 +864,10 @@ unsafe fn two_layer_forward<T: crate::device::element::Element>(p: TwoLayers<T>,
 }
 
 /// The body of the two-layer gradient kernels: outputs `(dw1, db1)`, sizes
-/// `(m, d_in, hidden, d_out)`.
+/// `(m, d_in, hidden, d_out)`. The tiles are `linear_grads`' over `xᵀ · d` with its row of ones
+/// (row `d_in`, whose outputs are `db1`): a block per four neighbouring hidden units of one row
+/// of `dw1`, so a layer of 128 units and 2 inputs has 96 blocks. Each block computes `d` for its
+/// columns as it reads them.
 ///
 /// # Safety
 /// The contract of `two_layer_first_grads_*`.
@@ -883,13 +887,17 @@ unsafe fn two_layer_first_grads<T: crate::device::element::Element>(
         return;
     }
     let mut lane_sums = LaneSums::new();
+    let groups = hidden.div_ceil(TILE_COLUMNS);
+    let Some(groups_nz) = NonZeroU64::new(groups) else {
+        return;
+    };
     // SAFETY: reading the special registers has no preconditions.
     let (thread, threads) = unsafe { (nvptx::_thread_idx_x() as u64, nvptx::_block_dim_x() as u64) };
     let (column, slice, slices) = (thread % TILE_COLUMNS, thread / TILE_COLUMNS, (threads / TILE_COLUMNS).max(1));
     // Every thread of a block takes the same tiles, so all reach each barrier together.
-    for tile in index::GridStride::over_blocks(hidden.div_ceil(TILE_COLUMNS)) {
-        let j = tile * TILE_COLUMNS + column;
-        let inside = j < hidden;
+    for tile in index::GridStride::over_blocks((d_in + 1) * groups) {
+        let (i, j) = (tile / groups_nz, tile % groups_nz * TILE_COLUMNS + column);
+        let (inside, ones) = (j < hidden, i == d_in);
         // This thread's hidden unit's row of `w2`.
         // SAFETY: j < hidden, c < d_out.
         let w2_row: [f32; MAX_OUT] = if inside {
@@ -897,15 +905,16 @@ unsafe fn two_layer_first_grads<T: crate::device::element::Element>(
         } else {
             [0.0; MAX_OUT]
         };
-        // Row r's inputs, output gradient and hidden value (its ReLU's mask).
-        // SAFETY: r < m, i < d_in, c < d_out, j < hidden.
+        // Row r's input `i` (1 in the row of ones), output gradient and hidden value (the
+        // ReLU's mask), every load of a batch in flight before any is used.
+        // SAFETY: r < m, i < d_in where `x` is read, c < d_out, j < hidden.
         let load = |r: u64| unsafe {
-            let (x_row, g_row) = (x.add((r * d_in) as usize), g.add((r * d_out) as usize));
-            let xs: [f32; MAX_IN] = load_first(d_in, |i| x_row.add(i as usize).read().to_f32());
+            let x_value = if ones { 1.0 } else { x.add((r * d_in + i) as usize).read().to_f32() };
+            let g_row = g.add((r * d_out) as usize);
             let gs: [f32; MAX_OUT] = load_first(d_out, |c| g_row.add(c as usize).read().to_f32());
-            (xs, gs, h.add((r * hidden + j) as usize).read().to_f32())
+            (x_value, gs, h.add((r * hidden + j) as usize).read().to_f32())
         };
-        let combine = |(mut dw, db): ([f32; MAX_IN], f32), (xs, gs, mask): ([f32; MAX_IN], [f32; MAX_OUT], f32)| {
+        let combine = |acc: f32, (x_value, gs, mask): (f32, [f32; MAX_OUT], f32)| {
             // g · w2ᵀ at (r, j) as the thread product computes it, rounded to the element type.
             let mut d = 0.0f32;
             unroll::<MAX_OUT>(|c| {
@@ -914,44 +923,24 @@ unsafe fn two_layer_first_grads<T: crate::device::element::Element>(
                 }
             });
             // Widening is exact, so the test is the element type's own; NaN fails it.
-            let d = if mask > 0.0 { T::from_f32(d).to_f32() } else { 0.0 };
-            unroll::<MAX_IN>(|i| {
-                if (i as u64) < d_in {
-                    dw[i] = fma(xs[i], d, dw[i]);
-                }
-            });
-            (dw, fma(1.0, d, db))
+            fma(x_value, if mask > 0.0 { T::from_f32(d).to_f32() } else { 0.0 }, acc)
         };
-        let (dw, db) = if inside {
-            strided_fold::<2, _, _>(slice, m, slices, ([0.0; MAX_IN], 0.0), load, combine)
-        } else {
-            ([0.0; MAX_IN], 0.0)
+        let acc = if inside { strided_fold::<4, _, f32>(slice, m, slices, 0.0, load, combine) } else { 0.0 };
+        // As `linear_grads` adds a column: lanes c, c + 4, …, c + 28 of a warp by a butterfly,
+        // then the warps in order.
+        // SAFETY: the whole warp is here (the branches above have rejoined); every thread of the
+        // block calls it, once per tile.
+        let total = unsafe {
+            let pairs = acc + warp::xor_shuffle(acc, 4);
+            let quads = pairs + warp::xor_shuffle(pairs, 8);
+            lane_sums.sum_to_first_warp(quads + warp::xor_shuffle(quads, 16))
         };
-        // One column's sum over the block, as `linear_grads` adds it: lanes c, c + 4, …, c + 28
-        // of a warp by a butterfly, then the warps in order.
-        let mut total = |acc: f32| {
-            // SAFETY: the whole warp is here (the branches above have rejoined), and every thread
-            // of the block makes the same calls (d_in is the same for all).
+        if thread < TILE_COLUMNS && inside {
+            let value = T::from_f32(total);
+            // SAFETY: j < hidden, and i < d_in for `dw1`.
             unsafe {
-                let pairs = acc + warp::xor_shuffle(acc, 4);
-                let quads = pairs + warp::xor_shuffle(pairs, 8);
-                lane_sums.sum_to_first_warp(quads + warp::xor_shuffle(quads, 16))
-            }
-        };
-        let write = thread < TILE_COLUMNS && inside;
-        unroll::<MAX_IN>(|i| {
-            if (i as u64) < d_in {
-                let sum = total(dw[i]);
-                if write {
-                    // SAFETY: i < d_in, j < hidden.
-                    unsafe { dw1.add((i as u64 * hidden + j) as usize).write(T::from_f32(sum)) };
-                }
-            }
-        });
-        let sum = total(db);
-        if write {
-            // SAFETY: j < hidden.
-            unsafe { db1.add(j as usize).write(T::from_f32(sum)) };
+                if ones { db1.add(j as usize).write(value) } else { dw1.add((i * hidden + j) as usize).write(value) }
+            };
         }
     }
 }

@@ -173,7 +173,8 @@ mod cuda {
         Ok((y, h))
     }
 
-    /// One block per four hidden units, as `linear_grads`'s blocks (at most 512 threads).
+    /// One block per four hidden units of a row of `dw1` or of `db1`, as `linear_grads`'s blocks
+    /// (at most 512 threads).
     pub(super) fn first_grads(
         op: &'static str,
         [x, h, g, w2]: [&Tensor; 4],
@@ -184,7 +185,8 @@ mod cuda {
         let db1 = Tensor::empty(Shape::from([hidden]), x.dtype(), x.device())?;
         let sizes = (m as u64, d_in as u64, hidden as u64, d_out as u64);
         let block = column_split_block(sizes.0).min(TWO_LAYER_GRADS_MAX_BLOCK);
-        let tiles = sizes.2.div_ceil(4);
+        // The rows of `dw1` and the bias's row of ones, four hidden units a block.
+        let tiles = (sizes.1 + 1) * sizes.2.div_ceil(4);
         let args = (x, h, g, w2, &dw1, &db1, sizes.0, sizes.1, sizes.2, sizes.3);
         cuda::launch(table.two_layer_first_grads, Grid::covering(tiles * u64::from(block)).with_block(block), args)?;
         Ok((dw1, db1))
