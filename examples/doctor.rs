@@ -163,7 +163,8 @@ fn describe(ordinal: usize, problems: &mut Vec<(String, String)>) {
     }
     for m in dev.loaded_modules() {
         let note = m.note.map(|n| format!(" ({n})")).unwrap_or_default();
-        println!("    {:>12}: {} in {:.1} ms{note}", m.family.name(), m.image, m.load_time.as_secs_f64() * 1e3);
+        let early = if m.dependent_launch { ", dependent launch" } else { "" };
+        println!("    {:>12}: {}{early} in {:.1} ms{note}", m.family.name(), m.image, m.load_time.as_secs_f64() * 1e3);
     }
 }
 

@@ -2,7 +2,8 @@
 //! eagerly: the n = 1024 tape step (`(x + y)·w`, sum, backward) and train_mlp's step (a
 //! [2, 128, 2] MLP, cross-entropy, Adam). Needs a CUDA device. A last row replays a chain of 7
 //! one-element adds, the floor under a 7-deep graph such as the MLP step's: what its nodes cost
-//! when their kernels do next to nothing.
+//! when their kernels do next to nothing; the same chain of 2^22-element adds, eager and
+//! replayed, shows what launching kernels early (`OPSMITH_DEPENDENT_LAUNCH`) does to big ones.
 //!
 //! ```text
 //! cargo run --release --example graph_step            # prints a table last
@@ -294,6 +295,27 @@ fn chain_floor(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<(
     Ok(())
 }
 
+/// The same chain on 2^22-element tensors, eager and replayed: multi-wave kernels, each
+/// bound by memory, where launching a kernel before its predecessor ends must not cost time.
+fn wide_chain(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<()> {
+    let x = random(1 << 22, 10, dev.device())?;
+    let run = || -> Result<Tensor> {
+        let mut y = x.clone();
+        for _ in 0..CHAIN_DEPTH {
+            y = opsmith::host::ops::add(&y, &x)?;
+        }
+        Ok(y)
+    };
+    run()?;
+    let stream = dev.current_stream();
+    let (e, wl) = time_blocks(&stream, 20, blocks, || run().map(drop))?;
+    rows.push(Row { step: "chain of 7 adds of 2^22 f32", mode: "eager", events_us: e, wall_us: wl });
+    let (graph, _out) = Graph::capture(dev, run)?;
+    let (e, wl) = time_blocks(&stream, 20, blocks, || Ok(graph.replay()?))?;
+    rows.push(Row { step: "chain of 7 adds of 2^22 f32", mode: "graph", events_us: e, wall_us: wl });
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = <Args as clap::Parser>::parse();
     let blocks = if args.quick { 3 } else { 7 };
@@ -305,10 +327,13 @@ fn main() -> Result<()> {
         }
     };
     println!("{} ({} SMs)", dev.name()?, dev.sm_count());
+    let early = dev.kernel("add_f32")?.dependent_launch();
+    println!("dependent launch (sm_90 kernels start before their predecessor ends): {early}");
     let mut rows = Vec::new();
     small_step(&dev, blocks, args.dot.as_deref(), &mut rows)?;
     mlp_step(&dev, blocks, args.dot.as_deref(), &mut rows)?;
     chain_floor(&dev, blocks, &mut rows)?;
+    wide_chain(&dev, blocks, &mut rows)?;
 
     println!("\nper step, median of {blocks} blocks; speedup: eager's µs/step (events) over the row's");
     println!("| step | mode | µs/step (events) | µs/step (wall) | speedup vs eager |");

@@ -379,3 +379,59 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
     assert_eq!(b.to_vec::<f32>()?, yv.iter().map(|&y| y + y).collect::<Vec<_>>());
     Ok(())
 }
+
+/// Programmatic dependent launch: on sm_90 and newer opsmith's kernels are launched before the
+/// kernel ahead of them finishes, and each waits for it before touching memory. A chain where
+/// every kernel reads what the one before it wrote (multi-wave adds of 2^21 elements, with
+/// sums of the whole tensor between them, and memory freed and reused along the way) must then
+/// give exactly the sequential results, eagerly and replayed.
+#[test]
+fn dependent_launches_see_every_write_of_the_kernels_before_them() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = CudaDevice::get(0)?;
+    let (_stream, _on) = own_stream(&dev)?;
+    let (major, _) = dev.compute_capability()?;
+    let off = std::env::var(opsmith_host::cuda::DEPENDENT_LAUNCH_ENV).as_deref() == Ok("0");
+    assert_eq!(dev.kernel("add_f32")?.dependent_launch(), major >= 9 && !off);
+
+    let n = 1 << 21;
+    // Small integers: every add is exact, so the chain's values are known exactly.
+    let xv: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1001) as f32 - 500.0).collect();
+    let x = Tensor::from_vec(xv.clone(), [n], GPU)?;
+    let one = Tensor::from_vec(vec![1.0f32; n], [n], GPU)?;
+    let steps = 24;
+    let chain = || -> Result<(Tensor, Vec<Tensor>)> {
+        let (mut t, mut sums) = (x.clone(), Vec::new());
+        for k in 0..steps {
+            t = ops::add(&t, &one)?;
+            if k % 3 == 0 {
+                sums.push(ops::sum(&t)?);
+            }
+        }
+        Ok((t, sums))
+    };
+    let base: f64 = xv.iter().map(|&v| v as f64).sum();
+    let check = |t: &Tensor, sums: &[Tensor], what: &str| -> Result<()> {
+        let got = t.to_vec::<f32>()?;
+        let wrong = (0..n).find(|&i| got[i] != xv[i] + steps as f32);
+        assert_eq!(wrong.map(|i| (i, got[i])), None, "{what}: x + {steps} is wrong at (index, value)");
+        for (j, s) in sums.iter().enumerate() {
+            let k = 3 * j + 1;
+            let expected = base + (k * n) as f64;
+            let got = s.to_vec::<f32>()?[0] as f64;
+            assert!(
+                (got - expected).abs() <= 1e-6 * expected.abs().max(1.0),
+                "{what}: sum after {k} adds: {got} vs {expected}"
+            );
+        }
+        Ok(())
+    };
+    let (t, sums) = chain()?;
+    check(&t, &sums, "eager")?;
+    let (graph, (gt, gsums)) = Graph::capture(&dev, chain)?;
+    for round in 0..3 {
+        graph.replay()?;
+        check(&gt, &gsums, &format!("replay {round}"))?;
+    }
+    Ok(())
+}

@@ -427,7 +427,10 @@ macro_rules! kernel {
         $($attr)*
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
-        $vis unsafe extern "ptx-kernel" fn $name($($p: $($dev)*),*) $body
+        $vis unsafe extern "ptx-kernel" fn $name($($p: $($dev)*),*) {
+            $crate::device::dependent_launch::prologue();
+            $body
+        }
 
         $($attr)*
         #[cfg(not(target_arch = "nvptx64"))]

@@ -287,6 +287,7 @@ macro_rules! loss_family {
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $ce(logits: *const $elem, labels: *const u32, losses: *mut f32, rows: u64, cols: u64) {
+            crate::device::dependent_launch::prologue();
             // SAFETY: forwarded from this kernel's contract.
             unsafe { imp::cross_entropy::<$elem>(imp::Rows { logits, labels, out: losses, rows, cols, coef: 1.0 }) }
         }
@@ -308,6 +309,7 @@ macro_rules! loss_family {
         pub unsafe extern "ptx-kernel" fn $ce_bwd(
             g: *const $elem, logits: *const $elem, labels: *const u32, gx: *mut $elem, rows: u64, cols: u64, scale: f32,
         ) {
+            crate::device::dependent_launch::prologue();
             use crate::device::element::Element;
             // SAFETY: `g` is valid for one element.
             let coef = unsafe { g.read() }.to_f32() * scale;
@@ -326,6 +328,7 @@ macro_rules! loss_family {
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $mse(pred: *const $elem, target: *const $elem, partials: *mut f32, n: u64) {
+            crate::device::dependent_launch::prologue();
             use crate::device::{element::Element, index, math::fma, warp};
             let mut acc = 0.0f32;
             for i in index::GridStride::over(0, n) {
@@ -351,6 +354,7 @@ macro_rules! loss_family {
         pub unsafe extern "ptx-kernel" fn $mse_bwd(
             g: *const $elem, pred: *const $elem, target: *const $elem, out: *mut $elem, scale: f32, n: u64,
         ) {
+            crate::device::dependent_launch::prologue();
             use crate::device::element::Element;
             // SAFETY: `g` is valid for one element.
             let coef = unsafe { g.read() }.to_f32() * scale;

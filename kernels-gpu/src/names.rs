@@ -765,17 +765,21 @@ impl Family {
     }
 
     /// Whether the family's cubins for sm_90 and newer come from a build of their own for
-    /// sm_90 (PTX ISA 8.1), whose code tests `cfg(target_feature = "sm_90")`: the attention
-    /// backward adds its `dQ` share with sm_90's two-wide `red.global.add.v2.f32`, half the
-    /// atomic instructions. The shipped PTX stays the [`ptx_arch`](Self::ptx_arch) build,
-    /// which the driver compiles for any GPU without a cubin.
+    /// sm_90 (PTX ISA 8.1), whose code tests `cfg(target_feature = "sm_90")`. Every family has
+    /// one: there each kernel opens with
+    /// [`dependent_launch::prologue`](crate::device::dependent_launch::prologue), so that the
+    /// host may launch it before the kernel ahead of it on the stream has finished; the
+    /// attention backward also adds its `dQ` share with sm_90's two-wide
+    /// `red.global.add.v2.f32`. The shipped PTX stays the [`ptx_arch`](Self::ptx_arch) build,
+    /// which the driver compiles for any GPU without a cubin, and which no kernel launches
+    /// early.
     ///
     /// ```
     /// use opsmith_kernels::Family;
-    /// assert!(Family::Attention.has_sm90_build() && !Family::Softmax.has_sm90_build());
+    /// assert!(Family::ALL.iter().all(|f| f.has_sm90_build()));
     /// ```
     pub const fn has_sm90_build(self) -> bool {
-        matches!(self, Family::Attention)
+        true
     }
 
     /// The kernels of this family that carry launch bounds in their PTX (`.maxntid` and

@@ -41,6 +41,7 @@ macro_rules! reduction_family {
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $partials(x: *const $elem, partials: *mut f32, n: u64) {
+            crate::device::dependent_launch::prologue();
             use crate::device::{element::Element, index, math::CompensatedSum, warp};
             let mut acc = CompensatedSum::ZERO;
             for i in index::GridStride::over(0, n) {
@@ -68,6 +69,7 @@ macro_rules! reduction_family {
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $finish(partials: *const f32, out: *mut $elem, count: u64, scale: f32) {
+            crate::device::dependent_launch::prologue();
             use crate::device::{block::BlockReduce, element::Element, math::CompensatedSum, unroll::strided_fold};
             use core::arch::nvptx;
             let mut block = BlockReduce::new();
@@ -101,6 +103,7 @@ macro_rules! reduction_family {
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $broadcast(g: *const $elem, out: *mut $elem, scale: f32, n: u64) {
+            crate::device::dependent_launch::prologue();
             use crate::device::{element::Element, index};
             // SAFETY: `g` is valid for one element.
             let value = <$elem>::from_f32(unsafe { g.read() }.to_f32() * scale);
@@ -121,6 +124,7 @@ macro_rules! reduction_family {
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $add_row(x: *const $elem, b: *const $elem, out: *mut $elem, rows: u64, cols: u64) {
+            crate::device::dependent_launch::prologue();
             use crate::device::{element::Element, index};
             if cols == 0 {
                 // Nothing to do, and it spares the modulo below a division-by-zero panic path.
@@ -152,6 +156,7 @@ macro_rules! reduction_family {
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $sum_rows(g: *const $elem, out: *mut $elem, rows: u64, cols: u64) {
+            crate::device::dependent_launch::prologue();
             use crate::device::{block::LaneSums, element::Element, index, unroll::strided_fold};
             use core::arch::nvptx;
             let mut sums = LaneSums::new();
@@ -199,6 +204,7 @@ macro_rules! reduction_family {
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $sum_rows_by_column(g: *const $elem, out: *mut $elem, rows: u64, cols: u64) {
+            crate::device::dependent_launch::prologue();
             use crate::device::{block::BlockReduce, element::Element, index, unroll::strided_fold};
             use core::arch::nvptx;
             let mut reduce = BlockReduce::new();

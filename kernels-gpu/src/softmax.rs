@@ -369,6 +369,7 @@ macro_rules! softmax_family {
             pub unsafe extern "ptx-kernel" fn $fwd(
                 x: *const $elem, mask: *const $elem, out: *mut $elem, rows: u64, cols: u64, mask_rows: u64, scale: f32,
             ) {
+                crate::device::dependent_launch::prologue();
                 // SAFETY: forwarded from this kernel's contract.
                 unsafe { imp::forward::<$elem, _, $fwd_v, false>(imp::Forward { x, mask, out, rows, cols, mask_rows, scale }, imp::Warp) }
             }
@@ -396,6 +397,7 @@ macro_rules! softmax_family {
             pub unsafe extern "ptx-kernel" fn $fwd_b(
                 x: *const $elem, mask: *const $elem, out: *mut $elem, rows: u64, cols: u64, mask_rows: u64, scale: f32,
             ) {
+                crate::device::dependent_launch::prologue();
                 let block = imp::Block(crate::device::block::BlockReduce::new());
                 // SAFETY: forwarded from this kernel's contract.
                 unsafe { imp::forward::<$elem, _, $fwd_b_v, false>(imp::Forward { x, mask, out, rows, cols, mask_rows, scale }, block) }
@@ -417,6 +419,7 @@ macro_rules! softmax_family {
         pub unsafe extern "ptx-kernel" fn $fwd_long(
             x: *const $elem, mask: *const $elem, out: *mut $elem, rows: u64, cols: u64, mask_rows: u64, scale: f32,
         ) {
+            crate::device::dependent_launch::prologue();
             // SAFETY: forwarded from this kernel's contract.
             unsafe { imp::forward::<$elem, _, LONG_TILE, true>(imp::Forward { x, mask, out, rows, cols, mask_rows, scale }, imp::Warp) }
         }
@@ -435,6 +438,7 @@ macro_rules! softmax_family {
             pub unsafe extern "ptx-kernel" fn $bwd(
                 g: *const $elem, y: *const $elem, gx: *mut $elem, rows: u64, cols: u64, scale: f32,
             ) {
+                crate::device::dependent_launch::prologue();
                 // SAFETY: forwarded from this kernel's contract.
                 unsafe { imp::backward::<$elem, _, $bwd_v, false>(imp::Backward { g, y, gx, rows, cols, scale }, imp::Warp) }
             }
@@ -455,6 +459,7 @@ macro_rules! softmax_family {
             pub unsafe extern "ptx-kernel" fn $bwd_b(
                 g: *const $elem, y: *const $elem, gx: *mut $elem, rows: u64, cols: u64, scale: f32,
             ) {
+                crate::device::dependent_launch::prologue();
                 let block = imp::Block(crate::device::block::BlockReduce::new());
                 // SAFETY: forwarded from this kernel's contract.
                 unsafe { imp::backward::<$elem, _, $bwd_b_v, false>(imp::Backward { g, y, gx, rows, cols, scale }, block) }
@@ -474,6 +479,7 @@ macro_rules! softmax_family {
         pub unsafe extern "ptx-kernel" fn $bwd_long(
             g: *const $elem, y: *const $elem, gx: *mut $elem, rows: u64, cols: u64, scale: f32,
         ) {
+            crate::device::dependent_launch::prologue();
             // SAFETY: forwarded from this kernel's contract.
             unsafe { imp::backward::<$elem, _, LONG_TILE, true>(imp::Backward { g, y, gx, rows, cols, scale }, imp::Warp) }
         }

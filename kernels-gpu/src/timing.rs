@@ -29,6 +29,7 @@ unsafe extern "C" {
 #[cfg(target_arch = "nvptx64")]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn spin_ns(ns: u64) {
+    crate::device::dependent_launch::prologue();
     // SAFETY: reading special registers has no preconditions.
     if unsafe { core::arch::nvptx::_block_idx_x() + core::arch::nvptx::_thread_idx_x() } != 0 {
         return;

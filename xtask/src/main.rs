@@ -88,6 +88,9 @@ fn kernels(check: bool) -> Result<(), String> {
             {
                 return Err(format!("{name} (sm_90 build): ptxas spills registers: {}", spill.trim()));
             }
+            // The host launches these kernels early (programmatic dependent launch): each must
+            // wait for its predecessors before it touches memory.
+            check_waits_before_memory(&sm90).map_err(|e| format!("{name} (sm_90 build): {e}"))?;
             Some(path)
         } else {
             None
@@ -207,6 +210,31 @@ fn family_ptx(
     Ok(ptx)
 }
 
+/// Checks that every kernel of an sm_90 build runs `griddepcontrol.wait` before its first
+/// load, store or atomic (parameter loads aside), so that a dependent launch is safe.
+fn check_waits_before_memory(ptx: &str) -> Result<(), String> {
+    const MEMORY: [&str; 5] = ["ld.", "st.", "atom.", "red.", "cp.async"];
+    for entry in ptx.split(".entry ").skip(1) {
+        let kernel = entry.split(['(', ' ', '\n']).next().unwrap_or("?");
+        let mut waited = false;
+        for line in entry.lines().map(str::trim) {
+            if line.starts_with("griddepcontrol.wait") {
+                waited = true;
+                break;
+            }
+            let op = line.trim_start_matches(|c: char| c == '@' || c == '!' || c == '%' || c.is_alphanumeric());
+            let op = if line.starts_with('@') { op.trim_start() } else { line };
+            if MEMORY.iter().any(|m| op.starts_with(m)) && !op.starts_with("ld.param") {
+                return Err(format!("kernel {kernel} accesses memory before griddepcontrol.wait: `{line}`"));
+            }
+        }
+        if !waited {
+            return Err(format!("kernel {kernel} has no griddepcontrol.wait"));
+        }
+    }
+    Ok(())
+}
+
 /// The shipped files in `dir`.
 fn file_names(dir: &Path) -> Result<BTreeSet<String>, String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -228,4 +256,23 @@ fn run(cmd: &mut Command) -> Result<String, String> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     if out.status.success() { Ok(text) } else { Err(format!("{cmd:?} failed:\n{text}")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_waits_before_memory;
+
+    const HEAD: &str = ".visible .entry k(\n\t.param .u64 k_param_0\n)\n{\n\tld.param.b64 %rd1, [k_param_0];\n";
+
+    #[test]
+    fn a_kernel_must_wait_before_its_first_memory_access() {
+        let waits = format!("{HEAD}\tgriddepcontrol.wait;\n\tld.global.f32 %f1, [%rd1];\n\tret;\n}}\n");
+        assert_eq!(check_waits_before_memory(&waits), Ok(()));
+        let loads_first = format!("{HEAD}\t@%p1 ld.global.f32 %f1, [%rd1];\n\tgriddepcontrol.wait;\n\tret;\n}}\n");
+        assert!(check_waits_before_memory(&loads_first).unwrap_err().contains("kernel k accesses memory"));
+        let stores_first = format!("{HEAD}\tst.global.f32 [%rd1], %f1;\n\tgriddepcontrol.wait;\n\tret;\n}}\n");
+        assert!(check_waits_before_memory(&stores_first).is_err());
+        let never = format!("{HEAD}\tret;\n}}\n");
+        assert_eq!(check_waits_before_memory(&never), Err("kernel k has no griddepcontrol.wait".into()));
+    }
 }

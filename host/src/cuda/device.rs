@@ -79,6 +79,9 @@ pub struct LoadedModule {
     pub load_time: Duration,
     /// Why a fitting cubin was not used, if one was refused.
     pub note: Option<String>,
+    /// Whether its kernels are launched before their predecessors on the stream finish (see
+    /// [`Kernel::dependent_launch`](super::Kernel::dependent_launch)).
+    pub dependent_launch: bool,
 }
 
 /// The family that defines one of opsmith's kernels: one hash lookup, as every launch asks.
@@ -411,7 +414,13 @@ impl CudaDevice {
     pub fn loaded_modules(&self) -> Vec<LoadedModule> {
         let loaded = self.0.families.iter().filter_map(OnceLock::get);
         loaded
-            .map(|l| LoadedModule { family: l.family, image: l.image, load_time: l.load_time, note: l.note.clone() })
+            .map(|l| LoadedModule {
+                family: l.family,
+                image: l.image,
+                load_time: l.load_time,
+                note: l.note.clone(),
+                dependent_launch: l.module.dependent_launch(),
+            })
             .collect()
     }
 
@@ -428,7 +437,14 @@ impl CudaDevice {
         if let KernelImage::Cubin { arch } = prebuilt::choose_image(major, minor)
             && let Some(cubin) = prebuilt::cubin(family, arch)?
         {
-            match KernelModule::from_cubin(&device, &name, &cubin) {
+            // From sm_90 on the cubins come from the family's sm_90 build, whose kernels wait for
+            // their predecessors (`has_sm90_build`), so they may be launched early.
+            let loaded = if arch >= 90 && family.has_sm90_build() {
+                KernelModule::from_cubin_waiting_for_predecessors(&device, &name, &cubin)
+            } else {
+                KernelModule::from_cubin(&device, &name, &cubin)
+            };
+            match loaded {
                 Ok(module) => {
                     let image = KernelImage::Cubin { arch };
                     return Ok(LoadedFamily { family, module, image, load_time: started.elapsed(), note });

@@ -85,6 +85,26 @@ pub(crate) fn capturing_thread() -> bool {
     CAPTURING.with(Cell::get)
 }
 
+/// Whether a kernel that waits for its predecessors may be launched early on `stream`
+/// (programmatic dependent launch). Outside a capture it may. In a capture the launch becomes a
+/// node with programmatic edges, which only kernel nodes can have upstream: so only when every
+/// node the new one will depend on is a kernel (and there is at least one).
+pub(crate) fn dependent_launch_allowed(stream: &Stream) -> bool {
+    if !capturing_thread() {
+        return true;
+    }
+    // A stream that is not capturing takes the plain launch, which reports whatever is wrong.
+    let Ok(deps) = capture_dependencies(stream) else { return false };
+    !deps.is_empty()
+        && deps.iter().all(|&node| {
+            let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: `node` belongs to the graph being captured (it came from the driver's
+            // dependency set) and the out-pointer is valid.
+            let status = unsafe { sys::cuGraphNodeGetType(node as sys::CUgraphNode, &mut kind) };
+            status == sys::CUresult::CUDA_SUCCESS && kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL
+        })
+}
+
 /// `Err(Error::Capture)` naming `op` when this thread is capturing a graph: for what cannot be
 /// recorded whatever the device (host reads and writes, synchronizations, CPU work).
 pub(crate) fn refuse_while_capturing(op: &'static str, why: &str) -> Result<()> {

@@ -135,6 +135,16 @@ pub fn len_as_u32(kernel: &'static str, n: usize) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::TooLarge { op: kernel, elements: n as u64, limit: u32::MAX as u64 })
 }
 
+/// The variable that, set to `0`, launches every kernel only after its predecessor on the
+/// stream has finished: see [`Kernel::dependent_launch`].
+pub const DEPENDENT_LAUNCH_ENV: &str = "OPSMITH_DEPENDENT_LAUNCH";
+
+/// Whether opsmith's sm_90 kernels are launched early (read once per process).
+pub(crate) fn dependent_launch_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var(DEPENDENT_LAUNCH_ENV).map_or(true, |v| v != "0"))
+}
+
 /// Whether `OPSMITH_LAUNCH_BLOCKING=1` was set when the first launch happened: then every launch
 /// synchronizes its stream, so an asynchronous fault is reported by the launch that caused it
 /// (except inside a [`Graph::capture`](super::Graph::capture), which records launches without

@@ -48,7 +48,7 @@ mod typed_launch;
 pub use blas::{cublas_available, cublas_handles, require_cublas};
 pub use device::{CudaDevice, LoadedModule};
 pub use graph::{GRAPH_BRANCHES_ENV, Graph};
-pub use launch::{DEFAULT_BLOCK, KernelArg, LaunchConfig, launch_blocking, len_as_u32};
+pub use launch::{DEFAULT_BLOCK, DEPENDENT_LAUNCH_ENV, KernelArg, LaunchConfig, launch_blocking, len_as_u32};
 pub use module::{Kernel, KernelModule};
 pub use peer::can_access_peer;
 pub use stream::{Event, Stream, StreamGuard};

@@ -41,6 +41,9 @@ pub struct KernelModule {
 struct ModuleHandle {
     module: sys::CUmodule,
     device: CudaDevice,
+    /// Every kernel waits for its predecessors before it touches memory (opsmith's sm_90
+    /// builds), so it may be launched before they finish: see [`Kernel::dependent_launch`].
+    dependent_launch: bool,
 }
 
 // SAFETY: a CUmodule handle may be used from any thread once its context is current, which every
@@ -85,7 +88,7 @@ impl KernelModule {
             return Err(Error::ModuleLoad { module: name.into(), device: *device, reason });
         }
         image.push(0); // the driver reads PTX up to its NUL
-        Self::load("KernelModule::from_ptx", device, name, &image)
+        Self::load("KernelModule::from_ptx", device, name, &image, false)
     }
 
     /// Loads a cubin (machine code that `ptxas` or `nvcc -cubin` made for one GPU architecture)
@@ -103,15 +106,25 @@ impl KernelModule {
     /// # Ok(()) }
     /// ```
     pub fn from_cubin(device: &Device, name: &str, cubin: &[u8]) -> Result<Self> {
+        Self::load_cubin(device, name, cubin, false)
+    }
+
+    /// [`from_cubin`](Self::from_cubin) for a cubin of opsmith's sm_90 builds, whose kernels
+    /// all begin with `dependent_launch::prologue`, so that they may be launched early.
+    pub(crate) fn from_cubin_waiting_for_predecessors(device: &Device, name: &str, cubin: &[u8]) -> Result<Self> {
+        Self::load_cubin(device, name, cubin, true)
+    }
+
+    fn load_cubin(device: &Device, name: &str, cubin: &[u8], dependent_launch: bool) -> Result<Self> {
         // The driver reads the ELF image in place: give it 8-byte alignment, as a file read
         // into memory would have.
         let mut aligned = vec![0u64; cubin.len().div_ceil(8)];
         bytemuck::cast_slice_mut::<u64, u8>(&mut aligned)[..cubin.len()].copy_from_slice(cubin);
-        Self::load("KernelModule::from_cubin", device, name, bytemuck::cast_slice(&aligned))
+        Self::load("KernelModule::from_cubin", device, name, bytemuck::cast_slice(&aligned), dependent_launch)
     }
 
     /// `cuModuleLoadDataEx` on `image` (NUL-terminated PTX, or a cubin), with the JIT's error log.
-    fn load(op: &'static str, device: &Device, name: &str, image: &[u8]) -> Result<Self> {
+    fn load(op: &'static str, device: &Device, name: &str, image: &[u8], dependent_launch: bool) -> Result<Self> {
         let Device::Cuda(ordinal) = *device else {
             return Err(Error::InvalidArgument { op, reason: format!("modules load on CUDA devices, not {device}") });
         };
@@ -144,7 +157,7 @@ impl KernelModule {
         }
         Ok(Self {
             name: name.into(),
-            handle: Arc::new(ModuleHandle { module, device: dev }),
+            handle: Arc::new(ModuleHandle { module, device: dev, dependent_launch }),
             functions: Mutex::new(HashMap::new()),
         })
     }
@@ -161,6 +174,11 @@ impl KernelModule {
     /// ```
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether its kernels are launched early: see [`Kernel::dependent_launch`].
+    pub(crate) fn dependent_launch(&self) -> bool {
+        self.handle.dependent_launch && launch::dependent_launch_enabled()
     }
 
     /// Looks up a kernel (a `.entry`) by name.
@@ -265,6 +283,27 @@ impl Kernel {
     /// ```
     pub fn device(&self) -> &CudaDevice {
         &self.module.device
+    }
+
+    /// Whether a launch of this kernel may begin before the kernel ahead of it on the stream
+    /// has finished (programmatic dependent launch, sm_90 and newer): true for opsmith's own
+    /// kernels where they come from a cubin of the sm_90 builds, whose kernels each wait for
+    /// their predecessors before touching memory, unless `OPSMITH_DEPENDENT_LAUNCH=0`
+    /// ([`DEPENDENT_LAUNCH_ENV`](super::DEPENDENT_LAUNCH_ENV)) turns it off. The kernel's
+    /// launch and the scheduling of its blocks then overlap the end of the kernel before it.
+    /// Kernels loaded by [`KernelModule`] are always launched after their predecessors.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::cuda::CudaDevice;
+    /// let dev = CudaDevice::get(0)?;
+    /// let kernel = dev.kernel("add_f32")?;
+    /// println!("{kernel:?} launches early: {}", kernel.dependent_launch());
+    /// # Ok(()) }
+    /// ```
+    pub fn dependent_launch(&self) -> bool {
+        self.module.dependent_launch && launch::dependent_launch_enabled()
     }
 
     /// How many blocks of `block` threads one multiprocessor keeps resident for this kernel
@@ -378,17 +417,44 @@ impl Kernel {
         let device = self.device();
         device.bind()?;
         self.allow_dynamic_shared(cfg.shared_mem_bytes)?;
-        // SAFETY: the function belongs to the current context, the configuration was validated,
-        // and the caller guarantees the parameters.
-        let launched = unsafe {
-            cudarc::driver::result::launch_kernel(
-                self.func,
-                (cfg.grid, 1, 1),
-                (cfg.block, 1, 1),
-                cfg.shared_mem_bytes,
-                stream.raw().cu_stream(),
-                params,
-            )
+        let launched = if self.dependent_launch() && super::graph::dependent_launch_allowed(stream) {
+            let mut attribute = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                // SAFETY: the value is a plain C union of integers and structs of integers, for
+                // which all zeros is valid.
+                value: unsafe { std::mem::zeroed() },
+            };
+            attribute.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: cfg.grid,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: cfg.block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: cfg.shared_mem_bytes,
+                hStream: stream.raw().cu_stream(),
+                attrs: &mut attribute,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; `config` and its one attribute outlive the call, and the
+            // kernel's module guarantees that it waits for its predecessors before it touches
+            // memory, which is what launching it early requires.
+            unsafe { sys::cuLaunchKernelEx(&config, self.func, params.as_mut_ptr(), std::ptr::null_mut()) }.result()
+        } else {
+            // SAFETY: the function belongs to the current context, the configuration was
+            // validated, and the caller guarantees the parameters.
+            unsafe {
+                cudarc::driver::result::launch_kernel(
+                    self.func,
+                    (cfg.grid, 1, 1),
+                    (cfg.block, 1, 1),
+                    cfg.shared_mem_bytes,
+                    stream.raw().cu_stream(),
+                    params,
+                )
+            }
         };
         launched.map_err(|source| Error::Launch { kernel: self.name.to_string(), device: device.device(), source })?;
         if launch::launch_blocking() {

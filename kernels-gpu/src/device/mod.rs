@@ -18,7 +18,10 @@
 //! * [`flash`]: the fused attention forward's tile walk (online softmax on tensor cores).
 //! * [`flash_backward`]: the fused attention backward's two kernels (`dQ`; `dK` and `dV`).
 //! * [`logsumexp`]: a row's maximum and sum of exponentials, for softmax and cross-entropy.
+//! * [`dependent_launch`]: the prologue of every kernel, which lets an sm_90 kernel start
+//!   before its predecessor on the stream has finished.
 pub mod block;
+pub mod dependent_launch;
 pub mod element;
 pub mod elementwise;
 #[cfg(feature = "attention")]
