@@ -766,9 +766,8 @@ impl Family {
 
     /// Whether the family's cubins for sm_90 and newer come from a build of their own for
     /// sm_90 (PTX ISA 8.1), whose code tests `cfg(target_feature = "sm_90")`. Every family has
-    /// one: there each kernel opens with
-    /// [`dependent_launch::prologue`](crate::device::dependent_launch::prologue), so that the
-    /// host may launch it before the kernel ahead of it on the stream has finished; the
+    /// one: there each kernel opens with `device::dependent_launch::prologue` (the device-side
+    /// std, built for nvptx64 only), so that the host may launch it before the kernel ahead of it on the stream has finished; the
     /// attention backward also adds its `dQ` share with sm_90's two-wide
     /// `red.global.add.v2.f32`. The shipped PTX stays the [`ptx_arch`](Self::ptx_arch) build,
     /// which the driver compiles for any GPU without a cubin, and which no kernel launches
