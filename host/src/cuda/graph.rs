@@ -85,24 +85,42 @@ pub(crate) fn capturing_thread() -> bool {
     CAPTURING.with(Cell::get)
 }
 
-/// Whether a kernel that waits for its predecessors may be launched early on `stream`
-/// (programmatic dependent launch). Outside a capture it may. In a capture the launch becomes a
-/// node with programmatic edges, which only kernel nodes can have upstream: so only when every
-/// node the new one will depend on is a kernel (and there is at least one).
-pub(crate) fn dependent_launch_allowed(stream: &Stream) -> bool {
-    if !capturing_thread() {
-        return true;
-    }
-    // A stream that is not capturing takes the plain launch, which reports whatever is wrong.
-    let Ok(deps) = capture_dependencies(stream) else { return false };
-    !deps.is_empty()
-        && deps.iter().all(|&node| {
+/// In a capture, before the launch of a kernel that waits for its predecessors (programmatic
+/// dependent launch): makes the edges from the kernel nodes it will depend on programmatic, so
+/// that a replay may start it before they finish; edges from other nodes (copies, memsets)
+/// stay full dependencies, which is all they may be. A stream not capturing, or a driver
+/// that refuses, keeps full edges everywhere: slower, never wrong.
+pub(crate) fn make_kernel_edges_programmatic(stream: &Stream) {
+    let Ok(deps) = capture_dependencies(stream) else { return };
+    let programmatic = sys::CUgraphEdgeData {
+        from_port: sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8,
+        to_port: 0,
+        type_: sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
+        reserved: [0; 5],
+    };
+    let full = sys::CUgraphEdgeData { from_port: 0, to_port: 0, type_: 0, reserved: [0; 5] };
+    let edges: SmallVec<[sys::CUgraphEdgeData; 8]> = deps
+        .iter()
+        .map(|&node| {
             let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
             // SAFETY: `node` belongs to the graph being captured (it came from the driver's
             // dependency set) and the out-pointer is valid.
             let status = unsafe { sys::cuGraphNodeGetType(node as sys::CUgraphNode, &mut kind) };
-            status == sys::CUresult::CUDA_SUCCESS && kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL
+            let kernel = status == sys::CUresult::CUDA_SUCCESS && kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL;
+            if kernel { programmatic } else { full }
         })
+        .collect();
+    if !edges.contains(&programmatic) {
+        return;
+    }
+    let mut raw: SmallVec<[sys::CUgraphNode; 8]> = deps.iter().map(|&n| n as sys::CUgraphNode).collect();
+    let flags = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES as u32;
+    // SAFETY: the stream is capturing (its dependencies were just read), every node belongs to
+    // its graph, and `edges` holds one entry per node. A failure leaves the dependencies as
+    // they were, with full edges.
+    let _ = unsafe {
+        sys::cuStreamUpdateCaptureDependencies_v2(stream.raw().cu_stream(), raw.as_mut_ptr(), edges.as_ptr(), raw.len(), flags)
+    };
 }
 
 /// `Err(Error::Capture)` naming `op` when this thread is capturing a graph: for what cannot be

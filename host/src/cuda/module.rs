@@ -417,7 +417,13 @@ impl Kernel {
         let device = self.device();
         device.bind()?;
         self.allow_dynamic_shared(cfg.shared_mem_bytes)?;
-        let launched = if self.dependent_launch() && super::graph::dependent_launch_allowed(stream) {
+        let early = self.dependent_launch();
+        let capturing = super::graph::capturing_thread();
+        if early && capturing {
+            // A capture records the dependency as a programmatic edge instead of the attribute.
+            super::graph::make_kernel_edges_programmatic(stream);
+        }
+        let launched = if early && !capturing {
             let mut attribute = sys::CUlaunchAttribute {
                 id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                 pad: [0; 4],
