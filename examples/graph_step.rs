@@ -145,9 +145,10 @@ fn small_step(dev: &CudaDevice, blocks: usize, dot_dir: Option<&std::path::Path>
     assert_same("n = 1024 step, new inputs", &tape_step(&fresh[0], &fresh[1], &fresh[2])?, &grads)?;
     println!(
         "check: n = 1024 graph gradients equal eager's bit for bit (static and copied-in inputs; graph of {} nodes, \
-         {} in a row)",
+         {} in a row, {} programmatic edges)",
         graph.node_count(),
-        graph.depth()
+        graph.depth(),
+        graph.programmatic_edges()
     );
 
     let k = 1000;
@@ -239,9 +240,10 @@ fn mlp_step(dev: &CudaDevice, blocks: usize, dot_dir: Option<&std::path::Path>, 
     }
     println!(
         "check: MLP, 1 eager step + 100 replays equal 101 eager steps bit for bit (losses and parameters; \
-         graph of {} nodes, {} in a row, {} KiB pool)",
+         graph of {} nodes, {} in a row, {} programmatic edges, {} KiB pool)",
         graph.node_count(),
         graph.depth(),
+        graph.programmatic_edges(),
         graph.pool_bytes() / 1024
     );
 
@@ -289,7 +291,12 @@ fn chain_floor(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<(
     };
     run()?;
     let (graph, _out) = Graph::capture(dev, run)?;
-    println!("chain: {} nodes, {} in a row", graph.node_count(), graph.depth());
+    println!(
+        "chain: {} nodes, {} in a row, {} programmatic edges",
+        graph.node_count(),
+        graph.depth(),
+        graph.programmatic_edges()
+    );
     let (e, wl) = time_blocks(&dev.current_stream(), 1000, blocks, || Ok(graph.replay()?))?;
     rows.push(Row { step: "chain of 7 one-element adds", mode: "graph", events_us: e, wall_us: wl });
     Ok(())

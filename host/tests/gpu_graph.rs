@@ -429,6 +429,11 @@ fn dependent_launches_see_every_write_of_the_kernels_before_them() -> Result<()>
     let (t, sums) = chain()?;
     check(&t, &sums, "eager")?;
     let (graph, (gt, gsums)) = Graph::capture(&dev, chain)?;
+    // Every kernel after the first follows a kernel: with dependent launch, by programmatic
+    // edges (the plain edge query refuses such a graph, so this also checks the depth query).
+    let early = major >= 9 && !off;
+    assert_eq!(graph.programmatic_edges() > 0, early, "{graph:?}");
+    assert!(graph.depth() >= steps, "the adds are a chain: {graph:?}");
     for round in 0..3 {
         graph.replay()?;
         check(&gt, &gsums, &format!("replay {round}"))?;

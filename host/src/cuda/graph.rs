@@ -48,6 +48,17 @@
 //! one's readers. Set `OPSMITH_GRAPH_BRANCHES=0` ([`GRAPH_BRANCHES_ENV`]) to record every node
 //! after the one before it, as the stream ran them.
 //!
+//! # Dependent launch
+//!
+//! On sm_90 and newer, opsmith's kernels come from builds in which each kernel lets the next
+//! kernel be scheduled as soon as it starts, and waits for the kernels before it to finish
+//! before it touches memory (programmatic dependent launch; see
+//! [`Kernel::dependent_launch`](super::Kernel::dependent_launch)). A capture records such a
+//! kernel's edges from the kernel nodes it follows as programmatic edges, so that in a replay
+//! its launch overlaps their run; its edges from other nodes (copies, memsets) stay full
+//! dependencies. The results are the same bits. `OPSMITH_DEPENDENT_LAUNCH=0` turns it off, in
+//! captures and on streams alike.
+//!
 //! # What cannot be captured
 //!
 //! A graph records device work on one stream. While a capture runs on a thread, these fail with
@@ -106,7 +117,8 @@ pub(crate) fn make_kernel_edges_programmatic(stream: &Stream) {
             // SAFETY: `node` belongs to the graph being captured (it came from the driver's
             // dependency set) and the out-pointer is valid.
             let status = unsafe { sys::cuGraphNodeGetType(node as sys::CUgraphNode, &mut kind) };
-            let kernel = status == sys::CUresult::CUDA_SUCCESS && kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL;
+            let kernel =
+                status == sys::CUresult::CUDA_SUCCESS && kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL;
             if kernel { programmatic } else { full }
         })
         .collect();
@@ -119,7 +131,13 @@ pub(crate) fn make_kernel_edges_programmatic(stream: &Stream) {
     // its graph, and `edges` holds one entry per node. A failure leaves the dependencies as
     // they were, with full edges.
     let _ = unsafe {
-        sys::cuStreamUpdateCaptureDependencies_v2(stream.raw().cu_stream(), raw.as_mut_ptr(), edges.as_ptr(), raw.len(), flags)
+        sys::cuStreamUpdateCaptureDependencies_v2(
+            stream.raw().cu_stream(),
+            raw.as_mut_ptr(),
+            edges.as_ptr(),
+            raw.len(),
+            flags,
+        )
     };
 }
 
@@ -492,6 +510,7 @@ pub struct Graph {
     _kept: Vec<Arc<dyn Any + Send + Sync>>,
     nodes: usize,
     depth: usize,
+    programmatic_edges: usize,
 }
 
 // SAFETY: a graph may be launched from any thread; `replay` takes `&self` but `Graph` is not
@@ -504,6 +523,7 @@ impl std::fmt::Debug for Graph {
             .field("stream", &self.stream)
             .field("nodes", &self.nodes)
             .field("depth", &self.depth)
+            .field("programmatic_edges", &self.programmatic_edges)
             .field("pool_bytes", &self.pool.bytes())
             .finish()
     }
@@ -609,10 +629,18 @@ impl Graph {
             Err(source) => return Err(capture_failure(device, source).into()),
         };
         let nodes = node_count(&exec);
-        let depth = graph_depth(&exec);
+        let (depth, programmatic_edges) = graph_shape(&exec);
         exec.upload().map_err(|source| device.driver_error("cuGraphUpload", source))?;
-        let graph =
-            Graph { exec, stream, pool: capture.pool.clone(), touched: state.touched, _kept: state.kept, nodes, depth };
+        let graph = Graph {
+            exec,
+            stream,
+            pool: capture.pool.clone(),
+            touched: state.touched,
+            _kept: state.kept,
+            nodes,
+            depth,
+            programmatic_edges,
+        };
         Ok((graph, value))
     }
 
@@ -697,6 +725,28 @@ impl Graph {
         self.depth
     }
 
+    /// How many of the graph's edges are programmatic: the dependent node may be launched
+    /// before the node it follows has finished, and waits for it before touching memory (see
+    /// [Dependent launch](self#dependent-launch)). 0 before sm_90, with
+    /// `OPSMITH_DEPENDENT_LAUNCH=0`, and in a graph of kernels other than opsmith's.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Tensor, cuda::{CudaDevice, Graph}, ops};
+    /// let dev = CudaDevice::get(0)?;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], dev.device())?;
+    /// let (graph, y) = Graph::capture(&dev, || ops::mul(&ops::add(&x, &x)?, &x))?;
+    /// graph.replay()?;
+    /// assert_eq!(y.to_vec::<f32>()?, [2.0, 8.0]);
+    /// let early = dev.kernel("mul_f32")?.dependent_launch();
+    /// assert_eq!(graph.programmatic_edges(), if early { 1 } else { 0 });
+    /// # Ok(()) }
+    /// ```
+    pub fn programmatic_edges(&self) -> usize {
+        self.programmatic_edges
+    }
+
     /// Writes the graph's nodes and edges to `path` in Graphviz's DOT format (the driver's
     /// `cuGraphDebugDotPrint`, kernel names and launch shapes included): to see what a capture
     /// recorded and which nodes run one after another.
@@ -723,33 +773,41 @@ impl Graph {
     }
 }
 
-/// The longest chain of dependent nodes in a captured graph (0 if the driver does not say).
-fn graph_depth(exec: &cudarc::driver::CudaGraph) -> usize {
+/// The longest chain of dependent nodes in a captured graph, and how many of its edges are
+/// programmatic (both 0 if the driver does not say). The edge query is the one that returns
+/// each edge's data: the plain one refuses a graph with programmatic edges as lossy.
+fn graph_shape(exec: &cudarc::driver::CudaGraph) -> (usize, usize) {
     let graph = exec.cu_graph();
     let mut count = 0usize;
     // SAFETY: the graph is live; a null node array asks only for the count.
     if unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }.result().is_err() {
-        return 0;
+        return (0, 0);
     }
     let mut nodes = vec![std::ptr::null_mut(); count];
     let mut edges = 0usize;
     // SAFETY: `nodes` has room for `count` nodes; null edge arrays ask only for the count.
     let listed = unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.result().is_ok()
-        && unsafe { sys::cuGraphGetEdges(graph, std::ptr::null_mut(), std::ptr::null_mut(), &mut edges) }
-            .result()
-            .is_ok();
+        && unsafe {
+            sys::cuGraphGetEdges_v2(graph, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), &mut edges)
+        }
+        .result()
+        .is_ok();
     if !listed {
-        return 0;
+        return (0, 0);
     }
     let (mut from, mut to) = (vec![std::ptr::null_mut(); edges], vec![std::ptr::null_mut(); edges]);
-    // SAFETY: both arrays have room for `edges` nodes.
-    if unsafe { sys::cuGraphGetEdges(graph, from.as_mut_ptr(), to.as_mut_ptr(), &mut edges) }.result().is_err() {
-        return 0;
+    let mut data = vec![sys::CUgraphEdgeData { from_port: 0, to_port: 0, type_: 0, reserved: [0; 5] }; edges];
+    // SAFETY: the three arrays have room for `edges` entries each.
+    let status =
+        unsafe { sys::cuGraphGetEdges_v2(graph, from.as_mut_ptr(), to.as_mut_ptr(), data.as_mut_ptr(), &mut edges) };
+    if status.result().is_err() {
+        return (0, 0);
     }
     let index: HashMap<sys::CUgraphNode, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let pairs: Vec<(usize, usize)> =
         from.iter().zip(&to).filter_map(|(f, t)| Some((*index.get(f)?, *index.get(t)?))).collect();
-    depth_of(count, &pairs)
+    let programmatic = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+    (depth_of(count, &pairs), data[..edges].iter().filter(|e| e.type_ == programmatic).count())
 }
 
 /// The number of nodes on the longest path of a DAG of `nodes` nodes with edges `pairs`
