@@ -784,23 +784,32 @@ fn graph_shape(exec: &cudarc::driver::CudaGraph) -> (usize, usize) {
         return (0, 0);
     }
     let mut nodes = vec![std::ptr::null_mut(); count];
+    // SAFETY: `nodes` has room for `count` nodes.
+    if unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.result().is_err() {
+        return (0, 0);
+    }
+    // Edge data came with CUDA 12.3; before it no graph of ours has programmatic edges.
+    let with_data = super::driver_at_least(12, 3);
+    let get_edges =
+        |from: *mut sys::CUgraphNode, to: *mut sys::CUgraphNode, data: *mut sys::CUgraphEdgeData, edges: &mut usize| {
+            // SAFETY: the graph is live; each array is null (asking for the count) or has room for
+            // `edges` entries.
+            let status = unsafe {
+                if with_data {
+                    sys::cuGraphGetEdges_v2(graph, from, to, data, edges)
+                } else {
+                    sys::cuGraphGetEdges(graph, from, to, edges)
+                }
+            };
+            status.result().is_ok()
+        };
     let mut edges = 0usize;
-    // SAFETY: `nodes` has room for `count` nodes; null edge arrays ask only for the count.
-    let listed = unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.result().is_ok()
-        && unsafe {
-            sys::cuGraphGetEdges_v2(graph, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), &mut edges)
-        }
-        .result()
-        .is_ok();
-    if !listed {
+    if !get_edges(std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), &mut edges) {
         return (0, 0);
     }
     let (mut from, mut to) = (vec![std::ptr::null_mut(); edges], vec![std::ptr::null_mut(); edges]);
     let mut data = vec![sys::CUgraphEdgeData { from_port: 0, to_port: 0, type_: 0, reserved: [0; 5] }; edges];
-    // SAFETY: the three arrays have room for `edges` entries each.
-    let status =
-        unsafe { sys::cuGraphGetEdges_v2(graph, from.as_mut_ptr(), to.as_mut_ptr(), data.as_mut_ptr(), &mut edges) };
-    if status.result().is_err() {
+    if !get_edges(from.as_mut_ptr(), to.as_mut_ptr(), data.as_mut_ptr(), &mut edges) {
         return (0, 0);
     }
     let index: HashMap<sys::CUgraphNode, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();

@@ -139,10 +139,13 @@ pub fn len_as_u32(kernel: &'static str, n: usize) -> Result<u32> {
 /// stream has finished: see [`Kernel::dependent_launch`].
 pub const DEPENDENT_LAUNCH_ENV: &str = "OPSMITH_DEPENDENT_LAUNCH";
 
-/// Whether opsmith's sm_90 kernels are launched early (read once per process).
+/// Whether opsmith's sm_90 kernels are launched early (read once per process): unless turned
+/// off, with a driver of CUDA 12.3 or newer, which has every entry point it takes
+/// (`cuLaunchKernelEx`, and in captures the edge-data forms of the dependency calls).
 pub(crate) fn dependent_launch_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var(DEPENDENT_LAUNCH_ENV).map_or(true, |v| v != "0"))
+    *ENABLED
+        .get_or_init(|| std::env::var(DEPENDENT_LAUNCH_ENV).map_or(true, |v| v != "0") && super::driver_at_least(12, 3))
 }
 
 /// Whether `OPSMITH_LAUNCH_BLOCKING=1` was set when the first launch happened: then every launch

@@ -74,6 +74,13 @@ pub fn driver_available() -> bool {
     *PRESENT.get_or_init(|| unsafe { cudarc::driver::sys::is_culib_present() })
 }
 
+/// Whether the driver is at least CUDA `major.minor` (read once): its newer entry points are
+/// called only then, as cudarc panics on a symbol the library lacks.
+pub(crate) fn driver_at_least(major: u32, minor: u32) -> bool {
+    static VERSION: OnceLock<(u32, u32)> = OnceLock::new();
+    *VERSION.get_or_init(|| driver_version().unwrap_or((0, 0))) >= (major, minor)
+}
+
 /// The number of CUDA devices the driver reports; [`Error::NoCudaDriver`] without a driver.
 ///
 /// ```
