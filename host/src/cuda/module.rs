@@ -288,7 +288,8 @@ impl Kernel {
     /// Whether a launch of this kernel may begin before the kernel ahead of it on the stream
     /// has finished (programmatic dependent launch, sm_90 and newer): true for opsmith's own
     /// kernels where they come from a cubin of the sm_90 builds, whose kernels each wait for
-    /// their predecessors before touching memory, unless `OPSMITH_DEPENDENT_LAUNCH=0`
+    /// their predecessors before touching memory, with a driver of CUDA 12.3 or newer, unless
+    /// `OPSMITH_DEPENDENT_LAUNCH=0`
     /// ([`DEPENDENT_LAUNCH_ENV`](super::DEPENDENT_LAUNCH_ENV)) turns it off. The kernel's
     /// launch and the scheduling of its blocks then overlap the end of the kernel before it.
     /// Kernels loaded by [`KernelModule`] are always launched after their predecessors.
