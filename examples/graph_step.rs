@@ -278,17 +278,20 @@ struct Args {
 /// The depth of the chain row, the MLP step's.
 const CHAIN_DEPTH: usize = 7;
 
+/// `x` added to itself [`CHAIN_DEPTH`] times, each add reading the one before.
+fn add_chain(x: &Tensor) -> Result<Tensor> {
+    let mut y = x.clone();
+    for _ in 0..CHAIN_DEPTH {
+        y = opsmith::host::ops::add(&y, x)?;
+    }
+    Ok(y)
+}
+
 /// The floor under a replay's depth: a graph of [`CHAIN_DEPTH`] one-element adds, each reading
 /// the one before, so that it runs as a chain of nodes doing next to no work.
 fn chain_floor(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<()> {
     let x = random(1, 9, dev.device())?;
-    let run = || -> Result<Tensor> {
-        let mut y = x.clone();
-        for _ in 0..CHAIN_DEPTH {
-            y = opsmith::host::ops::add(&y, &x)?;
-        }
-        Ok(y)
-    };
+    let run = || add_chain(&x);
     run()?;
     let (graph, _out) = Graph::capture(dev, run)?;
     println!(
@@ -306,13 +309,7 @@ fn chain_floor(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<(
 /// bound by memory, where launching a kernel before its predecessor ends must not cost time.
 fn wide_chain(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<()> {
     let x = random(1 << 22, 10, dev.device())?;
-    let run = || -> Result<Tensor> {
-        let mut y = x.clone();
-        for _ in 0..CHAIN_DEPTH {
-            y = opsmith::host::ops::add(&y, &x)?;
-        }
-        Ok(y)
-    };
+    let run = || add_chain(&x);
     run()?;
     let stream = dev.current_stream();
     let (e, wl) = time_blocks(&stream, 20, blocks, || run().map(drop))?;
