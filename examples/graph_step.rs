@@ -1,8 +1,8 @@
 //! Training steps captured once as CUDA graphs and replayed, against the same steps run
 //! eagerly: the n = 1024 tape step (`(x + y)·w`, sum, backward) and train_mlp's step (a
 //! [2, 128, 2] MLP, cross-entropy, Adam). Needs a CUDA device. A last row replays a chain of 7
-//! one-element adds, the floor under a 7-deep graph such as the MLP step's: what its nodes cost
-//! when their kernels do next to nothing; the same chain of 2^22-element adds, eager and
+//! one-element adds, the floor under a graph's depth (the MLP step's is 4): what a node in a row
+//! costs when its kernel does next to nothing; the same chain of 2^22-element adds, eager and
 //! replayed, shows what launching kernels early (`OPSMITH_DEPENDENT_LAUNCH`) does to big ones.
 //!
 //! ```text
@@ -275,7 +275,7 @@ struct Args {
     dot: Option<std::path::PathBuf>,
 }
 
-/// The depth of the chain row, the MLP step's.
+/// The depth of the chain rows: enough nodes in a row to read the cost of one from.
 const CHAIN_DEPTH: usize = 7;
 
 /// `x` added to itself [`CHAIN_DEPTH`] times, each add reading the one before.
