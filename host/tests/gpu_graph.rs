@@ -298,6 +298,12 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
     };
     ops::add(&x, &y)?; // loads the kernels outside the captures
 
+    // One node, no edges: a chain of one (the edge query must not be asked for zero edges).
+    let (graph, sum) = Graph::capture(&dev, || ops::add(&x, &y))?;
+    assert_eq!((graph.node_count(), graph.depth(), graph.programmatic_edges()), (1, 1, 0), "{graph:?}");
+    graph.replay()?;
+    assert_eq!(sum.to_vec::<f32>()?, xv.iter().zip(&yv).map(|(&x, &y)| x + y).collect::<Vec<_>>());
+
     // Two chains that share no memory, joined at the end: 5 nodes, 3 in a row. (The
     // temporaries are held: a block given back to the pool and reused would order the chains.)
     let (graph, (z, _temporaries)) = Graph::capture(&dev, || {

@@ -807,6 +807,11 @@ fn graph_shape(exec: &cudarc::driver::CudaGraph) -> (usize, usize) {
     if !get_edges(std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), &mut edges) {
         return (0, 0);
     }
+    // No edges: every node is a chain of one. (Asking for zero edges into empty arrays is an
+    // invalid value to the driver.)
+    if edges == 0 {
+        return (depth_of(count, &[]), 0);
+    }
     let (mut from, mut to) = (vec![std::ptr::null_mut(); edges], vec![std::ptr::null_mut(); edges]);
     let mut data = vec![sys::CUgraphEdgeData { from_port: 0, to_port: 0, type_: 0, reserved: [0; 5] }; edges];
     if !get_edges(from.as_mut_ptr(), to.as_mut_ptr(), data.as_mut_ptr(), &mut edges) {
@@ -871,3 +876,17 @@ fn capture_failure(device: &CudaDevice, source: cudarc::driver::DriverError) -> 
         _ => device.driver_error("cuStreamEndCapture", source),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::depth_of;
+
+    #[test]
+    fn depth_counts_the_nodes_of_the_longest_chain() {
+        assert_eq!(depth_of(0, &[]), 0);
+        assert_eq!(depth_of(3, &[]), 1, "nodes without edges are chains of one");
+        // 0 -> 1 -> 3 and 0 -> 2 -> 3 -> 4, and a lone node 5.
+        assert_eq!(depth_of(6, &[(0, 1), (1, 3), (0, 2), (2, 3), (3, 4)]), 4);
+    }
+}
+
