@@ -96,6 +96,27 @@ fn host_allocations_that_cannot_be_made_are_errors() {
     assert_eq!(Tensor::full(3.0, [2], DType::F32, Device::Cpu).unwrap().to_vec::<f32>().unwrap(), [3.0, 3.0]);
 }
 
+/// A random fill whose byte count overflows is `TooLarge`, as `zeros` of that size is, not an
+/// allocation of the wrapped-around byte count.
+#[test]
+fn random_fills_whose_bytes_overflow_are_too_large() {
+    let n = 1usize << 62;
+    let limit = (isize::MAX as usize / 4) as u64;
+    for (name, result) in [
+        ("Tensor::randn", Tensor::randn([n], DType::F32, Device::Cpu, 0)),
+        ("Tensor::rand", Tensor::rand([n], DType::F32, Device::Cpu, 0)),
+    ] {
+        match result {
+            Err(Error::TooLarge { op, elements, limit: l }) => assert_eq!((op, elements, l), (name, n as u64, limit)),
+            other => panic!("{name}: expected TooLarge, got {:?}", other.map(|t| t.dims().to_vec())),
+        }
+    }
+    match Tensor::zeros([n], DType::F32, Device::Cpu) {
+        Err(Error::TooLarge { elements, limit: l, .. }) => assert_eq!((elements, l), (n as u64, limit)),
+        other => panic!("zeros: expected TooLarge, got {:?}", other.map(|t| t.dims().to_vec())),
+    }
+}
+
 /// A shape with a zero dim holds nothing, but one whose other dims overflow when multiplied is
 /// still too large (its strides would overflow), in any order of the dims.
 #[test]

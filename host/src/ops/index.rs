@@ -374,8 +374,7 @@ fn gather_impl(
             let at = host_indices(op, index, d)?;
             with_element_type!(x.dtype(), T => {
                 let src = x.to_vec::<T>()?;
-                let mut out: Vec<T> = Vec::new();
-                out.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { device: Device::Cpu, bytes: n.saturating_mul(x.dtype().size_in_bytes()) })?;
+                let mut out: Vec<T> = crate::tensor::host_capacity(op, n)?;
                 for o in 0..n {
                     let (rest, i) = (o / inner, o % inner);
                     let (a, j) = (rest / k, rest % k);
@@ -451,8 +450,7 @@ pub(crate) fn random(
         _ => 24,
     };
     with_float_type!(dtype, op, device, T => {
-        let mut values: Vec<T> = Vec::new();
-        values.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { device: Device::Cpu, bytes: n * dtype.size_in_bytes() })?;
+        let mut values: Vec<T> = crate::tensor::host_capacity(op, n)?;
         values.extend((0..n as u64).map(|i| match (distribution, dtype) {
             (Distribution::Uniform, DType::F64) => <T as Element>::from_f64(uniform_f64(seed, i)),
             (Distribution::Uniform, _) => <T as Element>::from_f64(uniform_f32(seed, i, bits) as f64),

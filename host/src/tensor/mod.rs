@@ -85,6 +85,14 @@ fn fill_pattern(value: f64, dtype: DType) -> Option<FillPattern> {
 /// can hold) or [`Error::OutOfMemory`] (the allocator refused) instead of the abort or
 /// capacity-overflow panic of `vec![value; n]`.
 pub(crate) fn host_vec<T: Clone>(op: &'static str, n: usize, value: T) -> Result<Vec<T>> {
+    let mut values = host_capacity(op, n)?;
+    values.resize(n, value);
+    Ok(values)
+}
+
+/// An empty `Vec` with room for `n` values, with the errors of [`host_vec`] in place of the
+/// abort of `Vec::with_capacity(n)`.
+pub(crate) fn host_capacity<T>(op: &'static str, n: usize) -> Result<Vec<T>> {
     let bytes =
         n.checked_mul(std::mem::size_of::<T>()).filter(|&b| b <= isize::MAX as usize).ok_or(Error::TooLarge {
             op,
@@ -93,7 +101,6 @@ pub(crate) fn host_vec<T: Clone>(op: &'static str, n: usize, value: T) -> Result
         })?;
     let mut values = Vec::new();
     values.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { device: Device::Cpu, bytes })?;
-    values.resize(n, value);
     Ok(values)
 }
 
