@@ -96,6 +96,42 @@ fn host_allocations_that_cannot_be_made_are_errors() {
     assert_eq!(Tensor::full(3.0, [2], DType::F32, Device::Cpu).unwrap().to_vec::<f32>().unwrap(), [3.0, 3.0]);
 }
 
+/// A broadcast whose output cannot be allocated is `OutOfMemory` naming the op, as for every
+/// other host allocation, not an abort: 2^20 × 2^20 f32 is 4 TiB from two 4 MiB operands.
+#[test]
+fn broadcasts_too_large_for_memory_are_errors_naming_the_op() {
+    let b = 1usize << 20;
+    let col = Tensor::zeros([b, 1], DType::F32, Device::Cpu).unwrap();
+    let row = Tensor::zeros([1, b], DType::F32, Device::Cpu).unwrap();
+    let results = [
+        ("add", ops::add(&col, &row)),
+        ("sub", ops::sub(&col, &row)),
+        ("mul", ops::mul(&col, &row)),
+        ("div", ops::div(&col, &row)),
+        ("add", &col + &row),
+        ("sub", &col - &row),
+        ("mul", &col * &row),
+        ("div", &col / &row),
+        ("Tensor::broadcast_as", col.broadcast_as([b, b])),
+    ];
+    for (name, result) in results {
+        match result {
+            Err(err @ Error::OutOfMemory { op, device: Device::Cpu, bytes }) => {
+                assert_eq!((op, bytes), (name, 4 << 40), "{err}");
+                assert_eq!(
+                    err.to_string(),
+                    format!("{name}: out of memory on cpu: allocating {} bytes failed", 4u64 << 40)
+                );
+            }
+            other => panic!("{name}: expected OutOfMemory, got {:?}", other.map(|t| t.dims().to_vec())),
+        }
+    }
+    // The process is still fine, and a small broadcast still gives the right values.
+    let col = Tensor::from_vec(vec![1.0f32, 2.0], [2, 1], Device::Cpu).unwrap();
+    let row = Tensor::from_vec(vec![10.0f32, 20.0, 30.0], [1, 3], Device::Cpu).unwrap();
+    assert_eq!(ops::add(&col, &row).unwrap().to_vec::<f32>().unwrap(), [11.0, 21.0, 31.0, 12.0, 22.0, 32.0]);
+}
+
 /// A random fill whose byte count overflows is `TooLarge`, as `zeros` of that size is, not an
 /// allocation of the wrapped-around byte count.
 #[test]

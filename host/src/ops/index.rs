@@ -124,7 +124,8 @@ pub fn max_dim(x: &Tensor, dim: usize, keepdim: bool) -> Result<(Tensor, Tensor)
         Device::Cpu => {
             check::cpu_work(OP)?;
             let values = x.to_vec_f64()?;
-            let (mut best, mut at) = (Vec::with_capacity(outer * inner), Vec::with_capacity(outer * inner));
+            let mut best = crate::tensor::host_capacity(OP, outer * inner)?;
+            let mut at = crate::tensor::host_capacity(OP, outer * inner)?;
             for a in 0..outer {
                 for i in 0..inner {
                     let value = |j: usize| values[(a * d + j) * inner + i];
