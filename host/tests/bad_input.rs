@@ -153,6 +153,22 @@ fn random_fills_whose_bytes_overflow_are_too_large() {
     }
 }
 
+/// Reductions along a dim of a tensor with no elements but a huge dim: the right empty (or
+/// zero) result, at once, rather than a loop of 2^64 empty iterations (in a debug build).
+#[test]
+fn dim_reductions_of_empty_tensors_with_huge_dims() {
+    let m = usize::MAX;
+    let z = |dims: &[usize]| Tensor::zeros(dims.to_vec(), DType::F32, Device::Cpu).unwrap();
+    assert_eq!(ops::sum_dim(&z(&[m, 0]), 0, false).unwrap().dims(), [0]);
+    assert_eq!(ops::sum_dim(&z(&[m, 0]), 0, true).unwrap().dims(), [1, 0]);
+    assert_eq!(ops::sum_dim(&z(&[1, m, 0]), 1, false).unwrap().dims(), [1, 0]);
+    let (values, indices) = ops::max_dim(&z(&[m, 1, 0]), 1, false).unwrap();
+    assert_eq!((values.dims(), indices.dims()), (&[m, 0][..], &[m, 0][..]));
+    // Summing an empty dim gives zeros (a sum of nothing), with the other dims kept.
+    let sums = ops::sum_dim(&z(&[3, 0]), 1, false).unwrap();
+    assert_eq!(sums.to_vec::<f32>().unwrap(), [0.0; 3]);
+}
+
 /// A shape with a zero dim holds nothing, but one whose other dims overflow when multiplied is
 /// still too large (its strides would overflow), in any order of the dims.
 #[test]

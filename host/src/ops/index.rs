@@ -69,6 +69,8 @@ pub fn sum_dim(x: &Tensor, dim: usize, keepdim: bool) -> Result<Tensor> {
             check::cpu_work(OP)?;
             let values = x.to_vec_f64()?;
             let mut sums = crate::tensor::host_vec(OP, outer * inner, 0.0f64)?;
+            // No elements: the loops would only count (to 2^64 for a shape like [usize::MAX, 0]).
+            let outer = if x.elem_count() == 0 { 0 } else { outer };
             for a in 0..outer {
                 for j in 0..d {
                     let row = &values[(a * d + j) * inner..][..inner];
@@ -126,6 +128,8 @@ pub fn max_dim(x: &Tensor, dim: usize, keepdim: bool) -> Result<(Tensor, Tensor)
             let values = x.to_vec_f64()?;
             let mut best = crate::tensor::host_capacity(OP, outer * inner)?;
             let mut at = crate::tensor::host_capacity(OP, outer * inner)?;
+            // No elements: the loops would only count, as in `sum_dim`.
+            let outer = if x.elem_count() == 0 { 0 } else { outer };
             for a in 0..outer {
                 for i in 0..inner {
                     let value = |j: usize| values[(a * d + j) * inner + i];
