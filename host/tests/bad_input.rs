@@ -153,6 +153,26 @@ fn random_fills_whose_bytes_overflow_are_too_large() {
     }
 }
 
+/// `narrow` of a tensor with no elements, along any dim: the empty result of the right shape
+/// (the offset of `start` along a dim can pass the end of an empty tensor).
+#[test]
+fn narrow_of_an_empty_tensor_is_empty() {
+    let z = |dims: &[usize]| Tensor::zeros(dims.to_vec(), DType::F32, Device::Cpu).unwrap();
+    for (dims, dim, start, len, want) in [
+        (vec![0, 5], 1, 2, 3, vec![0, 3]),
+        (vec![0, 5], 1, 5, 0, vec![0, 0]),
+        (vec![0, 5], 0, 0, 0, vec![0, 5]),
+        (vec![2, 0], 0, 1, 1, vec![1, 0]),
+        (vec![0, usize::MAX], 1, 1, 3, vec![0, 3]),
+        (vec![3, 0, 4], 2, 1, 2, vec![3, 0, 2]),
+    ] {
+        let got = z(&dims).narrow(dim, start, len).unwrap();
+        assert_eq!((got.dims(), got.elem_count()), (&want[..], 0), "{dims:?}.narrow({dim}, {start}, {len})");
+    }
+    // Past the end is still an error, empty or not.
+    assert!(matches!(z(&[0, 5]).narrow(1, 4, 2), Err(Error::InvalidArgument { op: "Tensor::narrow", .. })));
+}
+
 /// Reductions along a dim of a tensor with no elements but a huge dim: the right empty (or
 /// zero) result, at once, rather than a loop of 2^64 empty iterations (in a debug build).
 #[test]

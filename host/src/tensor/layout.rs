@@ -41,7 +41,9 @@ impl Tensor {
         let strides = contiguous_strides(self.dims());
         let mut dims = self.dims().to_vec();
         dims[dim] = len;
-        let src = self.flat_slice(start * strides[dim], self.elem_count() - start * strides[dim])?;
+        // An empty tensor's offsets can pass its end (`[0, 5]` along dim 1); the result is empty.
+        let offset = if self.elem_count() == 0 { 0 } else { start * strides[dim] };
+        let src = self.flat_slice(offset, self.elem_count() - offset)?;
         self.assemble_one(OP, &src, dims, &strides)
     }
 
