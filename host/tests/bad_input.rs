@@ -173,6 +173,27 @@ fn narrow_of_an_empty_tensor_is_empty() {
     assert!(matches!(z(&[0, 5]).narrow(1, 4, 2), Err(Error::InvalidArgument { op: "Tensor::narrow", .. })));
 }
 
+/// `cat` refuses sizes along the joined dim whose sum overflows, rather than wrapping around to a
+/// wrong shape.
+#[test]
+fn cat_sizes_that_overflow_are_errors() {
+    let m = usize::MAX;
+    let z = |dims: &[usize]| Tensor::zeros(dims.to_vec(), DType::F32, Device::Cpu).unwrap();
+    for (parts, dim) in [
+        (vec![vec![0, m], vec![0, 1]], 1),
+        (vec![vec![m, 0], vec![m, 0]], 0),
+        (vec![vec![0, m], vec![0, m], vec![0, 2]], 1),
+    ] {
+        let parts: Vec<Tensor> = parts.iter().map(|d| z(d)).collect();
+        let err = Tensor::cat(&parts.iter().collect::<Vec<_>>(), dim).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { op: "Tensor::cat", .. }), "{err}");
+        assert!(err.to_string().contains(&format!("along dim {dim}")), "{err}");
+    }
+    // Sizes that add up to exactly usize::MAX make a valid empty shape.
+    assert_eq!(Tensor::cat(&[&z(&[0, m - 1]), &z(&[0, 1])], 1).unwrap().dims(), [0, m]);
+    assert_eq!(Tensor::cat(&[&z(&[2, 0]), &z(&[3, 0])], 0).unwrap().dims(), [5, 0]);
+}
+
 /// Reductions along a dim of a tensor with no elements but a huge dim: the right empty (or
 /// zero) result, at once, rather than a loop of 2^64 empty iterations (in a debug build).
 #[test]

@@ -140,7 +140,9 @@ impl Tensor {
             if !same_elsewhere {
                 return Err(Error::ShapeMismatch { op: OP, lhs: first.dims().to_vec(), rhs: t.dims().to_vec() });
             }
-            dims[dim] += t.dims()[dim];
+            dims[dim] = dims[dim].checked_add(t.dims()[dim]).ok_or_else(|| {
+                bad(OP, format!("the sizes along dim {dim} add up to more than usize::MAX, at shape {:?}", t.dims()))
+            })?;
         }
         let out_strides = contiguous_strides(&dims);
         let dst_strides = padded(OP, &out_strides, 0)?;
