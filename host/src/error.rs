@@ -219,9 +219,11 @@ pub enum Error {
         #[source]
         source: DriverError,
     },
-    /// The device has too little free memory.
-    #[error("out of memory on {device}: allocating {bytes} bytes failed")]
+    /// The device (or the host, for a CPU tensor) has too little free memory.
+    #[error("{op}: out of memory on {device}: allocating {bytes} bytes failed")]
     OutOfMemory {
+        /// The operation that allocated.
+        op: &'static str,
         /// The device.
         device: Device,
         /// The allocation size.
@@ -392,9 +394,9 @@ impl Error {
 
     /// Maps a driver error to [`Error::OutOfMemory`] when it is one, else to [`Error::Driver`].
     #[cfg(feature = "cuda")]
-    pub(crate) fn from_alloc(device: Device, bytes: usize, source: DriverError) -> Self {
+    pub(crate) fn from_alloc(op: &'static str, device: Device, bytes: usize, source: DriverError) -> Self {
         if source.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            Error::OutOfMemory { device, bytes }
+            Error::OutOfMemory { op, device, bytes }
         } else {
             Error::Driver { call: "memory allocation", device, source }
         }

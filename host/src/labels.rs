@@ -99,7 +99,9 @@ impl Labels {
                 device.bind()?;
                 let values =
                     if values.is_empty() { stream.raw().null::<u32>() } else { stream.raw().clone_htod(values) }
-                        .map_err(|e| Error::from_alloc(device.device(), std::mem::size_of_val(values), e))?;
+                        .map_err(|e| {
+                            Error::from_alloc("Labels::new", device.device(), std::mem::size_of_val(values), e)
+                        })?;
                 let labels = DeviceLabels {
                     device: device.clone(),
                     values: ManuallyDrop::new(values),

@@ -96,6 +96,120 @@ fn host_allocations_that_cannot_be_made_are_errors() {
     assert_eq!(Tensor::full(3.0, [2], DType::F32, Device::Cpu).unwrap().to_vec::<f32>().unwrap(), [3.0, 3.0]);
 }
 
+/// A broadcast whose output cannot be allocated is `OutOfMemory` naming the op, as for every
+/// other host allocation, not an abort: 2^20 × 2^20 f32 is 4 TiB from two 4 MiB operands.
+#[test]
+fn broadcasts_too_large_for_memory_are_errors_naming_the_op() {
+    let b = 1usize << 20;
+    let col = Tensor::zeros([b, 1], DType::F32, Device::Cpu).unwrap();
+    let row = Tensor::zeros([1, b], DType::F32, Device::Cpu).unwrap();
+    let results = [
+        ("add", ops::add(&col, &row)),
+        ("sub", ops::sub(&col, &row)),
+        ("mul", ops::mul(&col, &row)),
+        ("div", ops::div(&col, &row)),
+        ("add", &col + &row),
+        ("sub", &col - &row),
+        ("mul", &col * &row),
+        ("div", &col / &row),
+        ("Tensor::broadcast_as", col.broadcast_as([b, b])),
+    ];
+    for (name, result) in results {
+        match result {
+            Err(err @ Error::OutOfMemory { op, device: Device::Cpu, bytes }) => {
+                assert_eq!((op, bytes), (name, 4 << 40), "{err}");
+                assert_eq!(
+                    err.to_string(),
+                    format!("{name}: out of memory on cpu: allocating {} bytes failed", 4u64 << 40)
+                );
+            }
+            other => panic!("{name}: expected OutOfMemory, got {:?}", other.map(|t| t.dims().to_vec())),
+        }
+    }
+    // The process is still fine, and a small broadcast still gives the right values.
+    let col = Tensor::from_vec(vec![1.0f32, 2.0], [2, 1], Device::Cpu).unwrap();
+    let row = Tensor::from_vec(vec![10.0f32, 20.0, 30.0], [1, 3], Device::Cpu).unwrap();
+    assert_eq!(ops::add(&col, &row).unwrap().to_vec::<f32>().unwrap(), [11.0, 21.0, 31.0, 12.0, 22.0, 32.0]);
+}
+
+/// A random fill whose byte count overflows is `TooLarge`, as `zeros` of that size is, not an
+/// allocation of the wrapped-around byte count.
+#[test]
+fn random_fills_whose_bytes_overflow_are_too_large() {
+    let n = 1usize << 62;
+    let limit = (isize::MAX as usize / 4) as u64;
+    for (name, result) in [
+        ("Tensor::randn", Tensor::randn([n], DType::F32, Device::Cpu, 0)),
+        ("Tensor::rand", Tensor::rand([n], DType::F32, Device::Cpu, 0)),
+    ] {
+        match result {
+            Err(Error::TooLarge { op, elements, limit: l }) => assert_eq!((op, elements, l), (name, n as u64, limit)),
+            other => panic!("{name}: expected TooLarge, got {:?}", other.map(|t| t.dims().to_vec())),
+        }
+    }
+    match Tensor::zeros([n], DType::F32, Device::Cpu) {
+        Err(Error::TooLarge { elements, limit: l, .. }) => assert_eq!((elements, l), (n as u64, limit)),
+        other => panic!("zeros: expected TooLarge, got {:?}", other.map(|t| t.dims().to_vec())),
+    }
+}
+
+/// `narrow` of a tensor with no elements, along any dim: the empty result of the right shape
+/// (the offset of `start` along a dim can pass the end of an empty tensor).
+#[test]
+fn narrow_of_an_empty_tensor_is_empty() {
+    let z = |dims: &[usize]| Tensor::zeros(dims.to_vec(), DType::F32, Device::Cpu).unwrap();
+    for (dims, dim, start, len, want) in [
+        (vec![0, 5], 1, 2, 3, vec![0, 3]),
+        (vec![0, 5], 1, 5, 0, vec![0, 0]),
+        (vec![0, 5], 0, 0, 0, vec![0, 5]),
+        (vec![2, 0], 0, 1, 1, vec![1, 0]),
+        (vec![0, usize::MAX], 1, 1, 3, vec![0, 3]),
+        (vec![3, 0, 4], 2, 1, 2, vec![3, 0, 2]),
+    ] {
+        let got = z(&dims).narrow(dim, start, len).unwrap();
+        assert_eq!((got.dims(), got.elem_count()), (&want[..], 0), "{dims:?}.narrow({dim}, {start}, {len})");
+    }
+    // Past the end is still an error, empty or not.
+    assert!(matches!(z(&[0, 5]).narrow(1, 4, 2), Err(Error::InvalidArgument { op: "Tensor::narrow", .. })));
+}
+
+/// `cat` refuses sizes along the joined dim whose sum overflows, rather than wrapping around to a
+/// wrong shape.
+#[test]
+fn cat_sizes_that_overflow_are_errors() {
+    let m = usize::MAX;
+    let z = |dims: &[usize]| Tensor::zeros(dims.to_vec(), DType::F32, Device::Cpu).unwrap();
+    for (parts, dim) in [
+        (vec![vec![0, m], vec![0, 1]], 1),
+        (vec![vec![m, 0], vec![m, 0]], 0),
+        (vec![vec![0, m], vec![0, m], vec![0, 2]], 1),
+    ] {
+        let parts: Vec<Tensor> = parts.iter().map(|d| z(d)).collect();
+        let err = Tensor::cat(&parts.iter().collect::<Vec<_>>(), dim).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { op: "Tensor::cat", .. }), "{err}");
+        assert!(err.to_string().contains(&format!("along dim {dim}")), "{err}");
+    }
+    // Sizes that add up to exactly usize::MAX make a valid empty shape.
+    assert_eq!(Tensor::cat(&[&z(&[0, m - 1]), &z(&[0, 1])], 1).unwrap().dims(), [0, m]);
+    assert_eq!(Tensor::cat(&[&z(&[2, 0]), &z(&[3, 0])], 0).unwrap().dims(), [5, 0]);
+}
+
+/// Reductions along a dim of a tensor with no elements but a huge dim: the right empty (or
+/// zero) result, at once, rather than a loop of 2^64 empty iterations (in a debug build).
+#[test]
+fn dim_reductions_of_empty_tensors_with_huge_dims() {
+    let m = usize::MAX;
+    let z = |dims: &[usize]| Tensor::zeros(dims.to_vec(), DType::F32, Device::Cpu).unwrap();
+    assert_eq!(ops::sum_dim(&z(&[m, 0]), 0, false).unwrap().dims(), [0]);
+    assert_eq!(ops::sum_dim(&z(&[m, 0]), 0, true).unwrap().dims(), [1, 0]);
+    assert_eq!(ops::sum_dim(&z(&[1, m, 0]), 1, false).unwrap().dims(), [1, 0]);
+    let (values, indices) = ops::max_dim(&z(&[m, 1, 0]), 1, false).unwrap();
+    assert_eq!((values.dims(), indices.dims()), (&[m, 0][..], &[m, 0][..]));
+    // Summing an empty dim gives zeros (a sum of nothing), with the other dims kept.
+    let sums = ops::sum_dim(&z(&[3, 0]), 1, false).unwrap();
+    assert_eq!(sums.to_vec::<f32>().unwrap(), [0.0; 3]);
+}
+
 /// A shape with a zero dim holds nothing, but one whose other dims overflow when multiplied is
 /// still too large (its strides would overflow), in any order of the dims.
 #[test]

@@ -27,7 +27,7 @@ fn out_of_memory_is_an_error_and_the_device_recovers() -> Result<()> {
     let too_many = (total + free) / 4; // f32 elements: twice the device's memory
     let input = Tensor::full(1.5, [1024], DType::F32, GPU)?;
     match Tensor::zeros([too_many], DType::F32, GPU) {
-        Err(Error::OutOfMemory { device: GPU, bytes }) => assert_eq!(bytes, too_many * 4),
+        Err(Error::OutOfMemory { op: "Tensor::full", device: GPU, bytes }) => assert_eq!(bytes, too_many * 4),
         other => panic!("expected OutOfMemory, got {other:?}"),
     }
     // The next op on the same device works, and the input is untouched.

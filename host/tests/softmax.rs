@@ -4,7 +4,7 @@
 mod common;
 mod softmax_cases;
 
-use opsmith_host::{DType, Device, Labels, Result, Tensor, ops};
+use opsmith_host::{DType, Device, Error, Labels, Result, Tensor, ops};
 use rand::{SeedableRng, rngs::StdRng};
 use softmax_cases::random_values;
 
@@ -91,5 +91,33 @@ fn mse_backward_matches_finite_differences() -> Result<()> {
     let numeric =
         central_differences(&p, |p| Ok(-2.0 * ops::mse_loss(&f64_tensor(p, &[3, 3])?, &t)?.to_vec_f64()?[0]))?;
     assert_gradient(&analytic, &numeric, "d/dpred");
+    Ok(())
+}
+
+/// A NaN or infinite scale would make every output NaN: both softmax and its backward refuse
+/// it, as attention does, naming the op and the scale.
+#[test]
+fn softmax_refuses_a_non_finite_scale() -> Result<()> {
+    let x = f64_tensor(&[0.5, -1.0, 2.0, 0.0], &[2, 2])?;
+    let y = ops::softmax(&x, 1.0, None)?;
+    for scale in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        for (name, result) in
+            [("softmax", ops::softmax(&x, scale, None)), ("softmax_backward", ops::softmax_backward(&x, &y, scale))]
+        {
+            match result {
+                Err(err @ Error::InvalidArgument { op, .. }) => {
+                    assert_eq!(op, name);
+                    assert_eq!(err.to_string(), format!("{name}: scale must be finite, got {scale}"));
+                }
+                other => panic!(
+                    "{name} with scale {scale}: expected InvalidArgument, got {:?}",
+                    other.map(|t| t.to_vec_f64())
+                ),
+            }
+        }
+    }
+    // A finite scale still works: [0.5, -1] scaled by 2 is [1, -2], softmax 1 / (1 + e^-3) first.
+    let scaled = ops::softmax(&x, 2.0, None)?.to_vec_f64()?;
+    assert!((scaled[0] - 1.0 / (1.0 + (-3.0f64).exp())).abs() < 1e-15, "{scaled:?}");
     Ok(())
 }

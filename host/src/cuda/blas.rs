@@ -114,19 +114,24 @@ static POOL: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
 /// Calls `f` with the cuBLAS handle of `stream`, with the stream's context current on this
 /// thread and no other thread using the handle. `blas_error` maps a failed cuBLAS call (by
-/// name) to the caller's error.
+/// name) to the caller's error; `op` names the caller when a new handle's workspace does not fit.
 pub(crate) fn with_handle<R>(
+    op: &'static str,
     stream: &Stream,
     blas_error: &dyn Fn(&'static str, CublasError) -> Error,
     f: impl FnOnce(sys::cublasHandle_t) -> Result<R>,
 ) -> Result<R> {
     stream.device().bind()?;
-    let handle = handle_for(stream, blas_error)?;
+    let handle = handle_for(op, stream, blas_error)?;
     let guard = handle.lock();
     f(guard.raw)
 }
 
-fn handle_for(stream: &Stream, blas_error: &dyn Fn(&'static str, CublasError) -> Error) -> Result<Arc<Mutex<Handle>>> {
+fn handle_for(
+    op: &'static str,
+    stream: &Stream,
+    blas_error: &dyn Fn(&'static str, CublasError) -> Error,
+) -> Result<Arc<Mutex<Handle>>> {
     let ordinal = stream.device().ordinal();
     let raw_stream = stream.raw();
     let mut pool = POOL.lock();
@@ -155,7 +160,7 @@ fn handle_for(stream: &Stream, blas_error: &dyn Fn(&'static str, CublasError) ->
         // SAFETY: a plain allocation in the context current on this thread (bound by
         // `with_handle`); cuBLAS only uses it as scratch space.
         bytes => unsafe { cudarc::driver::result::malloc_sync(bytes) }
-            .map_err(|e| Error::from_alloc(stream.device().device(), bytes, e))?,
+            .map_err(|e| Error::from_alloc(op, stream.device().device(), bytes, e))?,
     };
     let raw = match cublas::create_handle() {
         Ok(raw) => raw,

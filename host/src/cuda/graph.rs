@@ -186,7 +186,7 @@ impl GraphPool {
     /// or a fresh one. Fresh blocks come from `cuMemAlloc`, not the stream-ordered allocator:
     /// the latter would record allocation nodes into the graph, whose memory a replay could not
     /// hand to tensors that outlive it.
-    fn alloc(&self, stream: &Stream, bytes: usize) -> Result<CudaSlice<u8>> {
+    fn alloc(&self, op: &'static str, stream: &Stream, bytes: usize) -> Result<CudaSlice<u8>> {
         let reused = self.state.lock().free.get_mut(&bytes).and_then(Vec::pop);
         let address = match reused {
             Some(address) => address,
@@ -196,7 +196,7 @@ impl GraphPool {
                 // caller); the memory is uninitialised, and every tensor constructor writes its
                 // memory before reading it.
                 let address = unsafe { cudarc::driver::result::malloc_sync(bytes) }
-                    .map_err(|e| Error::from_alloc(self.device.device(), bytes, e))?;
+                    .map_err(|e| Error::from_alloc(op, self.device.device(), bytes, e))?;
                 let mut state = self.state.lock();
                 state.owned.push(address);
                 state.bytes += bytes;
@@ -370,8 +370,8 @@ impl ActiveCapture {
     }
 
     /// A block for a tensor made during the capture, from the graph's pool.
-    pub(crate) fn alloc(&self, bytes: usize) -> Result<(CudaSlice<u8>, Arc<GraphPool>)> {
-        Ok((self.pool.alloc(&self.stream, bytes)?, self.pool.clone()))
+    pub(crate) fn alloc(&self, op: &'static str, bytes: usize) -> Result<(CudaSlice<u8>, Arc<GraphPool>)> {
+        Ok((self.pool.alloc(op, &self.stream, bytes)?, self.pool.clone()))
     }
 
     /// Notes that the captured work uses `storage` (and writes it if `write`).

@@ -69,6 +69,8 @@ pub fn sum_dim(x: &Tensor, dim: usize, keepdim: bool) -> Result<Tensor> {
             check::cpu_work(OP)?;
             let values = x.to_vec_f64()?;
             let mut sums = crate::tensor::host_vec(OP, outer * inner, 0.0f64)?;
+            // No elements: the loops would only count (to 2^64 for a shape like [usize::MAX, 0]).
+            let outer = if x.elem_count() == 0 { 0 } else { outer };
             for a in 0..outer {
                 for j in 0..d {
                     let row = &values[(a * d + j) * inner..][..inner];
@@ -124,7 +126,10 @@ pub fn max_dim(x: &Tensor, dim: usize, keepdim: bool) -> Result<(Tensor, Tensor)
         Device::Cpu => {
             check::cpu_work(OP)?;
             let values = x.to_vec_f64()?;
-            let (mut best, mut at) = (Vec::with_capacity(outer * inner), Vec::with_capacity(outer * inner));
+            let mut best = crate::tensor::host_capacity(OP, outer * inner)?;
+            let mut at = crate::tensor::host_capacity(OP, outer * inner)?;
+            // No elements: the loops would only count, as in `sum_dim`.
+            let outer = if x.elem_count() == 0 { 0 } else { outer };
             for a in 0..outer {
                 for i in 0..inner {
                     let value = |j: usize| values[(a * d + j) * inner + i];
@@ -374,8 +379,7 @@ fn gather_impl(
             let at = host_indices(op, index, d)?;
             with_element_type!(x.dtype(), T => {
                 let src = x.to_vec::<T>()?;
-                let mut out: Vec<T> = Vec::new();
-                out.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { device: Device::Cpu, bytes: n.saturating_mul(x.dtype().size_in_bytes()) })?;
+                let mut out: Vec<T> = crate::tensor::host_capacity(op, n)?;
                 for o in 0..n {
                     let (rest, i) = (o / inner, o % inner);
                     let (a, j) = (rest / k, rest % k);
@@ -451,8 +455,7 @@ pub(crate) fn random(
         _ => 24,
     };
     with_float_type!(dtype, op, device, T => {
-        let mut values: Vec<T> = Vec::new();
-        values.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { device: Device::Cpu, bytes: n * dtype.size_in_bytes() })?;
+        let mut values: Vec<T> = crate::tensor::host_capacity(op, n)?;
         values.extend((0..n as u64).map(|i| match (distribution, dtype) {
             (Distribution::Uniform, DType::F64) => <T as Element>::from_f64(uniform_f64(seed, i)),
             (Distribution::Uniform, _) => <T as Element>::from_f64(uniform_f32(seed, i, bits) as f64),

@@ -132,7 +132,8 @@ pub(crate) fn assemble(
     }
     // The CPU, and f64 on CUDA (no kernel): through host memory.
     with_element_type!(dtype, T => {
-        let mut out = vec![T::from_f64(0.0); n];
+        // A broadcast's output can be far larger than its inputs: an error, not an abort.
+        let mut out = crate::tensor::host_vec(op, n, T::from_f64(0.0))?;
         for p in pieces {
             copy_piece(&p.src.to_vec::<T>()?, &mut out, p);
         }

@@ -598,7 +598,7 @@ fn cuda(p: &Product, ordinal: usize, a: &Tensor, b: &Tensor, out: &Tensor) -> Re
     // CUBLAS_COMPUTE_32F takes f32 scaling factors, read from the host before the call returns.
     let (alpha, beta) = (1.0f32, 0.0f32);
     with_cuda_ptrs(op, &stream, &[a, b], &[out], |reads, writes| {
-        blas::with_handle(&stream, &blas_error, |handle| {
+        blas::with_handle(op, &stream, &blas_error, |handle| {
             // SAFETY: `reads` and `writes` point at the first elements of a, b and out on this
             // device, valid while `with_cuda_ptrs` holds them and ordered on `stream`, the
             // handle's stream. With the strides and leading dimensions above, cuBLAS touches

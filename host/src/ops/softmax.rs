@@ -98,6 +98,15 @@ pub(super) fn rows_cols(op: &'static str, x: &Tensor) -> Result<(usize, usize)> 
     }
 }
 
+/// `scale` is finite, as [`attention`](super::attention) requires: a NaN or infinite scale would
+/// make every output NaN.
+fn finite_scale(op: &'static str, scale: f64) -> Result<()> {
+    if !scale.is_finite() {
+        return Err(Error::InvalidArgument { op, reason: format!("scale must be finite, got {scale}") });
+    }
+    Ok(())
+}
+
 /// The number of rows of a mask of `x`'s trailing dims, or a shape error.
 fn mask_rows(x: &Tensor, mask: &Tensor, cols: usize) -> Result<usize> {
     check::same_device("softmax", &[x, mask])?;
@@ -116,7 +125,8 @@ fn mask_rows(x: &Tensor, mask: &Tensor, cols: usize) -> Result<usize> {
 /// `x`'s dtype and device and dims equal to `x`'s trailing dims (`[cols]`, `[seq, seq]` for an
 /// `x` of `[batch, heads, seq, seq]`, or `x`'s whole shape); it is added to every row it lines up
 /// with. `-inf` in the mask removes a value; a row whose every term is `-inf` gives zeros, not NaN.
-/// A NaN or `+inf` in a row makes that row NaN. The result has `x`'s shape and dtype.
+/// A NaN or `+inf` in a row makes that row NaN. The result has `x`'s shape and dtype. `scale`
+/// must be finite ([`Error::InvalidArgument`] otherwise).
 ///
 /// On CUDA this is one kernel (12 bytes of traffic an f32 element with a full mask); f64 runs on
 /// the CPU only.
@@ -136,6 +146,7 @@ fn mask_rows(x: &Tensor, mask: &Tensor, cols: usize) -> Result<usize> {
 pub fn softmax(x: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> {
     let (rows, cols) = rows_cols("softmax", x)?;
     let mask_rows = mask.map(|m| mask_rows(x, m, cols)).transpose()?.unwrap_or(0);
+    finite_scale("softmax", scale)?;
     match x.device() {
         Device::Cpu => {
             check::cpu_work("softmax")?;
@@ -191,7 +202,8 @@ fn softmax_cpu<T: Element>(x: &Tensor, scale: f64, mask: Option<&Tensor>, cols: 
 /// `x`. With `scale = 1` it is the gradient with respect to the mask, or to the logits of a
 /// plain softmax.
 ///
-/// `g` and `y` have the same shape, dtype and device. On CUDA this is one kernel.
+/// `g` and `y` have the same shape, dtype and device; `scale` is finite. On CUDA this is one
+/// kernel.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
@@ -206,6 +218,7 @@ fn softmax_cpu<T: Element>(x: &Tensor, scale: f64, mask: Option<&Tensor>, cols: 
 pub fn softmax_backward(g: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
     check::same_layout("softmax_backward", &[g, y])?;
     let (rows, cols) = rows_cols("softmax_backward", y)?;
+    finite_scale("softmax_backward", scale)?;
     match y.device() {
         Device::Cpu => {
             check::cpu_work("softmax_backward")?;

@@ -111,10 +111,7 @@ impl Tensor {
 
 /// `count` values built on the host, or an error (not an abort) when memory runs out.
 fn host_values(op: &'static str, count: usize, value: impl Fn(usize) -> f64) -> Result<Vec<f64>> {
-    let mut values = Vec::new();
-    values
-        .try_reserve_exact(count)
-        .map_err(|_| Error::InvalidArgument { op, reason: format!("{count} values do not fit in host memory") })?;
+    let mut values = super::host_capacity(op, count)?;
     values.extend((0..count).map(value));
     Ok(values)
 }

@@ -39,12 +39,11 @@ impl NumberFormat {
 }
 
 /// The indices shown along a dim of `size`: all, or the edges with a gap (`None`) between.
-fn shown(size: usize, summarize: bool) -> Vec<Option<usize>> {
-    if summarize && size > 2 * EDGE {
-        (0..EDGE).map(Some).chain([None]).chain((size - EDGE..size).map(Some)).collect()
-    } else {
-        (0..size).map(Some).collect()
-    }
+/// Lazy, so a summarized dim costs its shown entries only, whatever its size.
+fn shown(size: usize, summarize: bool) -> impl Iterator<Item = Option<usize>> {
+    let (head, gap) = if summarize && size > 2 * EDGE { (EDGE, true) } else { (size, false) };
+    let tail = if gap { size - EDGE } else { size };
+    (0..head).map(Some).chain(gap.then_some(None)).chain((tail..size).map(Some))
 }
 
 fn write_dim(
@@ -62,8 +61,7 @@ fn write_dim(
     }
     let inner: usize = dims[1..].iter().product();
     out.push('[');
-    let entries = shown(dims[0], summarize);
-    for (k, entry) in entries.iter().enumerate() {
+    for (k, entry) in shown(dims[0], summarize).enumerate() {
         if k > 0 {
             out.push(',');
             if dims.len() > 1 {
@@ -93,6 +91,10 @@ impl fmt::Display for Tensor {
         let n = self.elem_count();
         let header = format!("Tensor[{:?}, {}, {}]", self.dims(), self.dtype(), self.device());
         let integer = !self.dtype().is_float();
+        if n == 0 {
+            // Nothing to nest: a dim of an empty tensor may be huge (`[usize::MAX, 0]`).
+            return write!(f, "[]\n{header}");
+        }
         if n > READ_LIMIT {
             // Only the ends, read through flat views.
             let ends = self
@@ -133,7 +135,7 @@ fn collect_shown(values: &[f64], dims: &[usize], offset: usize, out: &mut Vec<f6
         return;
     }
     let inner: usize = dims[1..].iter().product();
-    for i in shown(dims[0], true).into_iter().flatten() {
+    for i in shown(dims[0], true).flatten() {
         collect_shown(values, &dims[1..], offset + i * inner, out);
     }
 }
@@ -152,6 +154,16 @@ mod tests {
         assert_eq!(tiny.to_string(), "[1.0000e-6,  1.0000e0]\nTensor[[2], f32, cpu]");
         let empty = Tensor::zeros([0, 2], DType::F16, Device::Cpu)?;
         assert_eq!(empty.to_string(), "[]\nTensor[[0, 2], f16, cpu]");
+        Ok(())
+    }
+
+    #[test]
+    fn empty_tensors_print_without_walking_their_dims() -> crate::Result<()> {
+        // The dims are in the header; the values are none, whatever the dims' sizes.
+        for dims in [vec![2, 0], vec![1 << 40, 0], vec![usize::MAX, 0], vec![0, usize::MAX], vec![3, 0, 1 << 50]] {
+            let empty = Tensor::zeros(dims.clone(), DType::F32, Device::Cpu)?;
+            assert_eq!(empty.to_string(), format!("[]\nTensor[{dims:?}, f32, cpu]"));
+        }
         Ok(())
     }
 

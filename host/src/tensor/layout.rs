@@ -41,7 +41,9 @@ impl Tensor {
         let strides = contiguous_strides(self.dims());
         let mut dims = self.dims().to_vec();
         dims[dim] = len;
-        let src = self.flat_slice(start * strides[dim], self.elem_count() - start * strides[dim])?;
+        // An empty tensor's offsets can pass its end (`[0, 5]` along dim 1); the result is empty.
+        let offset = if self.elem_count() == 0 { 0 } else { start * strides[dim] };
+        let src = self.flat_slice(offset, self.elem_count() - offset)?;
         self.assemble_one(OP, &src, dims, &strides)
     }
 
@@ -138,7 +140,9 @@ impl Tensor {
             if !same_elsewhere {
                 return Err(Error::ShapeMismatch { op: OP, lhs: first.dims().to_vec(), rhs: t.dims().to_vec() });
             }
-            dims[dim] += t.dims()[dim];
+            dims[dim] = dims[dim].checked_add(t.dims()[dim]).ok_or_else(|| {
+                bad(OP, format!("the sizes along dim {dim} add up to more than usize::MAX, at shape {:?}", t.dims()))
+            })?;
         }
         let out_strides = contiguous_strides(&dims);
         let dst_strides = padded(OP, &out_strides, 0)?;

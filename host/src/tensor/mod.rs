@@ -85,6 +85,14 @@ fn fill_pattern(value: f64, dtype: DType) -> Option<FillPattern> {
 /// can hold) or [`Error::OutOfMemory`] (the allocator refused) instead of the abort or
 /// capacity-overflow panic of `vec![value; n]`.
 pub(crate) fn host_vec<T: Clone>(op: &'static str, n: usize, value: T) -> Result<Vec<T>> {
+    let mut values = host_capacity(op, n)?;
+    values.resize(n, value);
+    Ok(values)
+}
+
+/// An empty `Vec` with room for `n` values, with the errors of [`host_vec`] in place of the
+/// abort of `Vec::with_capacity(n)`.
+pub(crate) fn host_capacity<T>(op: &'static str, n: usize) -> Result<Vec<T>> {
     let bytes =
         n.checked_mul(std::mem::size_of::<T>()).filter(|&b| b <= isize::MAX as usize).ok_or(Error::TooLarge {
             op,
@@ -92,8 +100,7 @@ pub(crate) fn host_vec<T: Clone>(op: &'static str, n: usize, value: T) -> Result
             limit: (isize::MAX as usize / std::mem::size_of::<T>().max(1)) as u64,
         })?;
     let mut values = Vec::new();
-    values.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { device: Device::Cpu, bytes })?;
-    values.resize(n, value);
+    values.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { op, device: Device::Cpu, bytes })?;
     Ok(values)
 }
 
@@ -135,7 +142,7 @@ impl Tensor {
             #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => {
                 let stream = CudaDevice::get(ordinal)?.current_stream();
-                let t = Tensor::uninit_on(&stream, shape, T::DTYPE)?;
+                let t = Tensor::uninit_on("Tensor::from_vec", &stream, shape, T::DTYPE)?;
                 t.write_host(&stream, bytemuck::cast_slice(&data))?;
                 Ok(t)
             }
@@ -221,7 +228,7 @@ impl Tensor {
         if let (Device::Cuda(ordinal), Some(pattern)) = (device, fill_pattern(value, dtype)) {
             // A memset of the value's bit pattern on the device: no host buffer, no copy.
             let stream = CudaDevice::get(ordinal)?.current_stream();
-            let t = Tensor::uninit_on(&stream, shape, dtype)?;
+            let t = Tensor::uninit_on("Tensor::full", &stream, shape, dtype)?;
             t.memset_on(&stream, pattern)?;
             return Ok(t);
         }
@@ -303,21 +310,23 @@ impl Tensor {
         match device {
             Device::Cpu => Tensor::zeros(shape, dtype, device),
             #[cfg(feature = "cuda")]
-            Device::Cuda(ordinal) => Tensor::uninit_on(&CudaDevice::get(ordinal)?.current_stream(), shape, dtype),
+            Device::Cuda(ordinal) => {
+                Tensor::uninit_on("Tensor::empty", &CudaDevice::get(ordinal)?.current_stream(), shape, dtype)
+            }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => Err(Error::cuda_disabled("Tensor::empty", device)),
         }
     }
 
     #[cfg(feature = "cuda")]
-    fn uninit_on(stream: &crate::cuda::Stream, shape: Shape, dtype: DType) -> Result<Tensor> {
-        let n = element_count("Tensor::empty", &shape)?;
+    fn uninit_on(op: &'static str, stream: &crate::cuda::Stream, shape: Shape, dtype: DType) -> Result<Tensor> {
+        let n = element_count(op, &shape)?;
         let bytes = n.checked_mul(dtype.size_in_bytes()).ok_or(Error::TooLarge {
-            op: "Tensor::empty",
+            op,
             elements: n as u64,
             limit: (usize::MAX / dtype.size_in_bytes()) as u64,
         })?;
-        let storage = Storage::cuda_uninit(stream, bytes)?;
+        let storage = Storage::cuda_uninit(op, stream, bytes)?;
         Ok(Tensor { storage, offset: 0, shape, dtype, device: stream.device().device() })
     }
 
@@ -566,7 +575,8 @@ impl Tensor {
         if let (Device::Cuda(from), Device::Cuda(to)) = (self.device, device) {
             let (src, dst) = (CudaDevice::get(from)?, CudaDevice::get(to)?);
             if crate::cuda::peer::enable_peer_access(&src, &dst)? {
-                let out = Tensor::uninit_on(&dst.current_stream(), self.shape.clone(), self.dtype)?;
+                let out =
+                    Tensor::uninit_on("Tensor::to_device", &dst.current_stream(), self.shape.clone(), self.dtype)?;
                 storage::copy_to_peer(self, &out)?;
                 return Ok(out);
             }
@@ -593,7 +603,7 @@ impl Tensor {
             #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => {
                 let stream = CudaDevice::get(ordinal)?.current_stream();
-                let out = Tensor::uninit_on(&stream, self.shape.clone(), self.dtype)?;
+                let out = Tensor::uninit_on("Tensor::copy", &stream, self.shape.clone(), self.dtype)?;
                 out.copy_from_(self)?; // device to device
                 Ok(out)
             }

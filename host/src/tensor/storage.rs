@@ -107,13 +107,13 @@ impl Storage {
         Arc::new(Self { data: StorageData::Cpu(RwLock::new(buf)), version: AtomicU64::new(0) })
     }
 
-    /// Uninitialised device memory for `bytes` bytes, allocated on `stream`.
+    /// Uninitialised device memory for `bytes` bytes, allocated on `stream` for `op`.
     #[cfg(feature = "cuda")]
-    pub(crate) fn cuda_uninit(stream: &Stream, bytes: usize) -> Result<Arc<Self>> {
+    pub(crate) fn cuda_uninit(op: &'static str, stream: &Stream, bytes: usize) -> Result<Arc<Self>> {
         let device = stream.device().clone();
         device.bind()?;
         if let Some(capture) = device.capture_on(stream) {
-            let (slice, pool) = capture.alloc(bytes)?;
+            let (slice, pool) = capture.alloc(op, bytes)?;
             return Ok(Arc::new(Self {
                 data: StorageData::cuda(device, slice, stream, Some(pool)),
                 version: AtomicU64::new(0),
@@ -127,7 +127,7 @@ impl Storage {
                 // all of it (an upload, a fill, or an op's output) before anyone reads it.
                 unsafe { stream.raw().alloc::<u8>(bytes) }
             }
-            .map_err(|e| Error::from_alloc(device.device(), bytes, e))
+            .map_err(|e| Error::from_alloc(op, device.device(), bytes, e))
         };
         let cached = match bytes {
             1..=MAX_BLOCK if device.is_default_stream(stream) => device.block_cache().take(bytes),
