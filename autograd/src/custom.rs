@@ -166,6 +166,14 @@ pub fn custom(op: &Arc<dyn CustomOp>, inputs: &[&Var]) -> Result<Var> {
                     actual: gk.dims().to_vec(),
                 });
             }
+            // A gradient of another dtype or device would surface steps later, in an
+            // optimizer or another op's backward, far from the backward that made it.
+            if let Some(gk) = gk
+                && (gk.dtype() != input.dtype() || gk.device() != input.device())
+            {
+                let kind = |t: &Tensor| format!("{} on {}", t.dtype(), t.device());
+                return Err(Error::GradientKind { op: op.name(), input: k, expected: kind(input), actual: kind(gk) });
+            }
         }
         Ok(grads)
     });

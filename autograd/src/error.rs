@@ -82,6 +82,18 @@ pub enum Error {
         /// The gradient's shape.
         actual: Vec<usize>,
     },
+    /// A backward returned a gradient of another dtype or device than its input's.
+    #[error("{op}: the gradient of input {input} is {actual}, the input {expected}")]
+    GradientKind {
+        /// The op.
+        op: &'static str,
+        /// Which input.
+        input: usize,
+        /// The input's dtype and device, as `f32 on cpu`.
+        expected: String,
+        /// The gradient's.
+        actual: String,
+    },
     /// `Tape::backward` needs a one-element loss.
     #[error("backward needs a scalar loss, got shape {shape:?}; use Tape::backward_with to pass the output's gradient")]
     NonScalarLoss {

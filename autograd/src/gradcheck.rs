@@ -62,6 +62,24 @@ impl GradcheckOptions {
         };
         Self { eps: 1e-6, atol, rtol }
     }
+
+    /// A positive, finite step and finite, non-negative tolerances: a NaN tolerance would pass
+    /// every element and a step of 0 would blame the gradient for a 0 / 0.
+    fn check(&self) -> Result<()> {
+        let bad = |name: &str, value: f64| Error::InvalidConfig {
+            what: "gradcheck",
+            reason: format!("GradcheckOptions::{name} = {value} is out of range"),
+        };
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(bad("eps", self.eps));
+        }
+        for (name, value) in [("atol", self.atol), ("rtol", self.rtol)] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(bad(name, value));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What a passing check measured.
@@ -173,7 +191,8 @@ fn compare(
 /// computed by the tape on the inputs' own device and dtype. The reference evaluates the same
 /// function with f64 copies of the inputs on the CPU, `(L(x + eps) - L(x - eps)) / 2 eps` for
 /// every element of every input. The first element outside the tolerance is returned as
-/// [`Error::GradcheckFailed`] with both values.
+/// [`Error::GradcheckFailed`] with both values. Options out of range (a step that is not
+/// positive and finite, a negative or non-finite tolerance) are [`Error::InvalidConfig`].
 ///
 /// `f` must work on f64 CPU tensors as well (every built-in op does).
 ///
@@ -192,6 +211,7 @@ pub fn gradcheck<F: Fn(&[Var]) -> Result<Var>>(
     inputs: &[Tensor],
     options: &GradcheckOptions,
 ) -> Result<GradcheckReport> {
+    options.check()?;
     let analytic = analytic(&f, inputs)?;
     let base: Vec<Vec<f64>> = inputs.iter().map(host_f64).collect::<Result<_>>()?;
     let mut report = GradcheckReport::default();

@@ -95,8 +95,13 @@ impl SplitMix {
         (z >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    fn uniform(&mut self, n: usize, bound: f64) -> Vec<f64> {
-        (0..n).map(|_| (2.0 * self.next_unit() - 1.0) * bound).collect()
+    /// `n` values uniform in `±bound`, or `None` when the host cannot hold them (a layer too
+    /// large to initialise is an error, not an abort).
+    fn uniform(&mut self, n: usize, bound: f64) -> Option<Vec<f64>> {
+        let mut values = Vec::new();
+        values.try_reserve_exact(n).ok()?;
+        values.extend((0..n).map(|_| (2.0 * self.next_unit() - 1.0) * bound));
+        Some(values)
     }
 }
 
@@ -143,15 +148,27 @@ impl Linear {
                 reason: format!("features must be positive, got {in_features} -> {out_features}"),
             });
         }
+        if !dtype.is_float() {
+            return Err(Error::InvalidConfig {
+                what: "Linear",
+                reason: format!("a layer's parameters must be floating-point, got {dtype}"),
+            });
+        }
+        let too_big = || Error::InvalidConfig {
+            what: "Linear",
+            reason: format!("a [{in_features}, {out_features}] weight is too large to initialise in host memory"),
+        };
+        let weights = in_features.checked_mul(out_features).ok_or_else(too_big)?;
         let mut rng = SplitMix(seed);
         let bound = 1.0 / (in_features as f64).sqrt();
         let weight = Tensor::from_f64(
-            &rng.uniform(in_features * out_features, bound),
+            &rng.uniform(weights, bound).ok_or_else(too_big)?,
             [in_features, out_features],
             dtype,
             device,
         )?;
-        let bias = Tensor::from_f64(&rng.uniform(out_features, bound), [out_features], dtype, device)?;
+        let bias =
+            Tensor::from_f64(&rng.uniform(out_features, bound).ok_or_else(too_big)?, [out_features], dtype, device)?;
         Linear::from_tensors(weight, bias, Some(tape))
     }
 
@@ -197,6 +214,12 @@ impl Linear {
                 rhs: bias.dtype(),
             }
             .into());
+        }
+        if !weight.dtype().is_float() {
+            return Err(Error::InvalidConfig {
+                what: "Linear",
+                reason: format!("a layer's parameters must be floating-point, got {}", weight.dtype()),
+            });
         }
         if bias.device() != weight.device() {
             return Err(opsmith_host::Error::DeviceMismatch {

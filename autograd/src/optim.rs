@@ -42,6 +42,28 @@ pub trait Optimizer {
     fn parameters(&self) -> &[Var];
 }
 
+/// The parameters an optimizer may update: floating-point tensors, each listed once (a
+/// parameter listed twice would be stepped twice a step, or, for a grouped launch, written by
+/// two threads at once).
+fn check_parameters(what: &'static str, params: &[Var]) -> Result<()> {
+    for (i, p) in params.iter().enumerate() {
+        let dtype = p.value().dtype();
+        if !dtype.is_float() {
+            return Err(Error::InvalidConfig {
+                what,
+                reason: format!("parameter {i} is a {dtype} tensor; only floating-point parameters can be trained"),
+            });
+        }
+        if let Some(j) = params[..i].iter().position(|q| q.id() == p.id() || q.value().shares_storage(p.value())) {
+            return Err(Error::InvalidConfig {
+                what,
+                reason: format!("parameters {j} and {i} are the same tensor or share memory; list each parameter once"),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn check_hyper(what: &'static str, name: &str, value: f64, ok: bool) -> Result<()> {
     if value.is_finite() && ok {
         Ok(())
@@ -110,6 +132,7 @@ impl Sgd {
         check_hyper("Sgd", "lr", config.lr, config.lr >= 0.0)?;
         check_hyper("Sgd", "momentum", config.momentum, (0.0..1.0).contains(&config.momentum))?;
         check_hyper("Sgd", "weight_decay", config.weight_decay, config.weight_decay >= 0.0)?;
+        check_parameters("Sgd", &params)?;
         let momentum = params
             .iter()
             .map(|p| {
@@ -219,8 +242,11 @@ impl Adam {
         check_hyper("Adam", "lr", config.lr, config.lr >= 0.0)?;
         check_hyper("Adam", "beta1", config.beta1, (0.0..1.0).contains(&config.beta1))?;
         check_hyper("Adam", "beta2", config.beta2, (0.0..1.0).contains(&config.beta2))?;
-        check_hyper("Adam", "eps", config.eps, config.eps > 0.0)?;
+        // The kernels add eps in f32: one that rounds to 0 there divides 0 by 0 for a
+        // parameter whose gradient has been 0 so far.
+        check_hyper("Adam", "eps", config.eps, config.eps > 0.0 && config.eps as f32 > 0.0)?;
         check_hyper("Adam", "weight_decay", config.weight_decay, config.weight_decay >= 0.0)?;
+        check_parameters("Adam", &params)?;
         let moments = params
             .iter()
             .map(|p| {

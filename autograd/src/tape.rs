@@ -484,6 +484,24 @@ impl Tape {
             }
             .into());
         }
+        // The gradients keep the values' dtypes and devices: a seed of another dtype would
+        // hand it on to every leaf, and the optimizer would refuse them a step later.
+        if grad.dtype() != output.value.dtype() {
+            return Err(opsmith_host::Error::DTypeMismatch {
+                op: "backward",
+                lhs: output.value.dtype(),
+                rhs: grad.dtype(),
+            }
+            .into());
+        }
+        if grad.device() != output.value.device() {
+            return Err(opsmith_host::Error::DeviceMismatch {
+                op: "backward",
+                lhs: output.value.device(),
+                rhs: grad.device(),
+            }
+            .into());
+        }
         // The caller keeps `grad`: no variable may be handed it as its gradient.
         self.backward_from(output, Pending { grad: Grad::Tensor(grad), sharers: Sharers::Outside })
     }

@@ -150,3 +150,81 @@ fn saved_tensor_modified_keeps_the_graph() {
     assert_eq!(grads.get(&y).unwrap().to_vec_f64().unwrap(), [3.0; 3]);
     assert_eq!(tape.len(), 2, "the stale loss's nodes stay");
 }
+
+#[test]
+fn seed_of_another_dtype_for_backward_with() {
+    let tape = Tape::new();
+    let x = tape.var(t(&X));
+    let y = ops::mul(&x, &x).unwrap();
+    let seed = Tensor::from_f64(&[1.0; 3], 3, DType::F64, Device::Cpu).unwrap();
+    let err = tape.backward_with(&y, seed).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Host(opsmith_host::Error::DTypeMismatch { op: "backward", lhs: DType::F32, rhs: DType::F64 })
+        ),
+        "{err}"
+    );
+    // Nothing was consumed: the right seed still works.
+    let grads = tape.backward_with(&y, t(&[1.0; 3])).unwrap();
+    assert_eq!(grads.get(&x).unwrap().to_vec_f64().unwrap(), [1.0, -3.0, 4.0]);
+}
+
+/// A custom op whose backward returns an f64 gradient for an f32 input.
+struct WrongDType;
+
+impl CustomOp for WrongDType {
+    fn name(&self) -> &'static str {
+        "wrong_dtype"
+    }
+    fn num_inputs(&self) -> usize {
+        1
+    }
+    fn cpu_forward(&self, i: &[&Tensor]) -> Result<Tensor> {
+        Ok(opsmith_host::ops::mul(i[0], i[0])?)
+    }
+    fn cpu_backward(&self, i: &[&Tensor], _: &Tensor, _: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(i[0].to_dtype(DType::F64)?)])
+    }
+}
+
+#[test]
+fn custom_backward_gradient_of_another_dtype() {
+    let tape = Tape::new();
+    let x = tape.var(t(&X));
+    let op: Arc<dyn CustomOp> = Arc::new(WrongDType);
+    let y = custom(&op, &[&x]).unwrap();
+    assert_eq!(y.value().to_vec_f64().unwrap(), [0.25, 2.25, 4.0]);
+    let err = tape.backward(&ops::sum(&y).unwrap()).unwrap_err();
+    match &err {
+        Error::GradientKind { op: "wrong_dtype", input: 0, expected, actual } => {
+            assert_eq!((expected.as_str(), actual.as_str()), ("f32 on cpu", "f64 on cpu"), "{err}");
+        }
+        _ => panic!("expected GradientKind, got {err}"),
+    }
+    assert_eq!(x.value().to_vec_f64().unwrap(), X);
+}
+
+/// Options that cannot check anything (a NaN tolerance passes every element, a step of 0 makes
+/// every reference 0 / 0) are refused before any work.
+#[test]
+fn gradcheck_rejects_options_out_of_range() {
+    use opsmith_autograd::{GradcheckOptions, gradcheck};
+    let x = Tensor::from_f64(&X, 3, DType::F64, Device::Cpu).unwrap();
+    let good = GradcheckOptions::for_dtype(DType::F64);
+    let square = |v: &[Var]| ops::mul(&v[0], &v[0]);
+    assert_eq!(gradcheck(square, std::slice::from_ref(&x), &good).unwrap().checked, 3);
+    for (name, options) in [
+        ("eps", GradcheckOptions { eps: 0.0, ..good }),
+        ("eps", GradcheckOptions { eps: f64::NAN, ..good }),
+        ("atol", GradcheckOptions { atol: f64::NAN, ..good }),
+        ("atol", GradcheckOptions { atol: f64::INFINITY, ..good }),
+        ("rtol", GradcheckOptions { rtol: -1e-3, ..good }),
+    ] {
+        let err = gradcheck(square, std::slice::from_ref(&x), &options).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidConfig { what: "gradcheck", reason } if reason.contains(name)),
+            "{name}: {err}"
+        );
+    }
+}

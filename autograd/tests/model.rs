@@ -174,6 +174,67 @@ fn optimizers_reject_bad_hyperparameters() {
     assert!(matches!(Sgd::new(vec![w], bad), Err(Error::InvalidConfig { what: "Sgd", .. })));
 }
 
+/// An eps that is positive in f64 but 0 in the kernels' f32 would make a step divide 0 by 0.
+#[test]
+fn adam_rejects_an_eps_that_rounds_to_zero() {
+    let w = Tape::new().var(t(&[1.0], &[1]));
+    let err = Adam::new(vec![w.clone()], AdamConfig { eps: 1e-300, ..AdamConfig::default() }).err();
+    assert!(matches!(&err, Some(Error::InvalidConfig { what: "Adam", reason }) if reason.contains("eps")), "{err:?}");
+    // The smallest normal f32 is still fine.
+    assert!(Adam::new(vec![w], AdamConfig { eps: f32::MIN_POSITIVE as f64, ..AdamConfig::default() }).is_ok());
+}
+
+/// A parameter listed twice (or two that share memory) would be stepped twice a step; an integer
+/// tensor has no gradient to step with. Both optimizers say so when built.
+#[test]
+fn optimizers_reject_repeated_and_integer_parameters() {
+    let tape = Tape::new();
+    let (a, b) = (tape.var(t(&[1.0, 2.0], &[2])), tape.var(t(&[3.0], &[1])));
+    let alias = tape.var(a.value().clone());
+    let ints = tape.var(Tensor::from_vec(vec![1u32, 2], [2], Device::Cpu).unwrap());
+    let reason_of = |r: Result<()>| match r {
+        Err(Error::InvalidConfig { reason, .. }) => reason,
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    };
+    for params in [vec![a.clone(), b.clone(), a.clone()], vec![a.clone(), alias.clone()]] {
+        let adam = reason_of(Adam::new(params.clone(), AdamConfig::default()).map(drop));
+        let sgd = reason_of(Sgd::new(params, SgdConfig::default()).map(drop));
+        for reason in [adam, sgd] {
+            assert!(reason.contains("list each parameter once"), "{reason}");
+        }
+    }
+    let adam = reason_of(Adam::new(vec![b.clone(), ints.clone()], AdamConfig::default()).map(drop));
+    let sgd = reason_of(Sgd::new(vec![b.clone(), ints], SgdConfig::default()).map(drop));
+    for reason in [adam, sgd] {
+        assert!(reason.contains("parameter 1 is a u32 tensor"), "{reason}");
+    }
+    // Distinct float parameters are fine, and the parameters are untouched by the failures.
+    assert!(Sgd::new(vec![a.clone(), b.clone()], SgdConfig::default()).is_ok());
+    assert_eq!(a.value().to_vec::<f64>().unwrap(), [1.0, 2.0]);
+}
+
+/// Layers too large to hold, or of an integer dtype, are errors when built, not aborts.
+#[test]
+fn layers_too_large_or_integer_are_errors() {
+    let tape = Tape::new();
+    for (inputs, outputs) in [(usize::MAX, 2), (1 << 33, 1 << 31), (1 << 60, 1)] {
+        let err = Linear::new(&tape, inputs, outputs, DType::F32, Device::Cpu, 1).map(|l| l.out_features()).err();
+        assert!(
+            matches!(&err, Some(Error::InvalidConfig { what: "Linear", reason }) if reason.contains("too large")),
+            "[{inputs}, {outputs}]: {err:?}"
+        );
+    }
+    let err = Mlp::new(&tape, &[usize::MAX, 2], Activation::Relu, DType::F32, Device::Cpu, 1).map(|m| m.sizes()).err();
+    assert!(matches!(err, Some(Error::InvalidConfig { what: "Linear", .. })), "{err:?}");
+    let err = Linear::new(&tape, 2, 2, DType::U32, Device::Cpu, 1).map(|l| l.out_features()).err();
+    assert!(matches!(&err, Some(Error::InvalidConfig { what: "Linear", reason }) if reason.contains("u32")), "{err:?}");
+    let w = Tensor::from_vec(vec![1u32, 0, 0, 1], [2, 2], Device::Cpu).unwrap();
+    let b = Tensor::from_vec(vec![0u32, 0], [2], Device::Cpu).unwrap();
+    let err = Linear::from_tensors(w, b, None).map(|l| l.out_features()).err();
+    assert!(matches!(err, Some(Error::InvalidConfig { what: "Linear", .. })), "{err:?}");
+    assert!(tape.is_empty(), "nothing recorded");
+}
+
 /// Stepping the optimizer between a forward and its backward changes saved weights: the
 /// backward reports it rather than using the new values.
 #[test]
