@@ -118,6 +118,8 @@ pub struct Sgd {
 
 impl Sgd {
     /// SGD for `params` (their momentum buffers, if any, are allocated on their devices).
+    /// `Error::InvalidConfig` for a hyperparameter out of range, a parameter that is not
+    /// floating-point, or one listed twice (or sharing memory with another).
     ///
     /// ```
     /// # fn main() -> opsmith_autograd::Result<()> {
@@ -227,7 +229,9 @@ pub struct Adam {
 
 impl Adam {
     /// Adam for `params`, with zeroed moments on the parameters' devices and a step state
-    /// ([`AdamState`]) on each of those devices.
+    /// ([`AdamState`]) on each of those devices. `Error::InvalidConfig` for a hyperparameter
+    /// out of range (an `eps` that is 0 in f32, where the kernels add it, included), a parameter
+    /// that is not floating-point, or one listed twice (or sharing memory with another).
     ///
     /// ```
     /// # fn main() -> opsmith_autograd::Result<()> {
