@@ -58,7 +58,7 @@ pub const TWO_LAYER_GRADS_MAX_BLOCK: u32 = 512;
 
 #[cfg(not(target_arch = "nvptx64"))]
 const fn two_layer_grads_bounds(kernel: &'static str) -> crate::names::LaunchBounds {
-    crate::names::LaunchBounds { kernel, max_threads: TWO_LAYER_GRADS_MAX_BLOCK, min_blocks: 1 }
+    crate::names::LaunchBounds { kernel, max_threads: TWO_LAYER_GRADS_MAX_BLOCK, min_blocks: 2 }
 }
 
 /// A small-product kernel of element type `$elem`: its parameters, and `$body` (one of the
@@ -891,11 +891,11 @@ unsafe fn two_layer_first_grads<T: crate::device::element::Element>(
     // SAFETY: forwarded from this function's contract.
     unsafe {
         if d_out <= 2 {
-            two_layer_first_grads_out::<T, 2, 8>(x, h, g, w2, outs, sizes)
+            two_layer_first_grads_out::<T, 2, 4>(x, h, g, w2, outs, sizes)
         } else if d_out <= 4 {
-            two_layer_first_grads_out::<T, 4, 8>(x, h, g, w2, outs, sizes)
+            two_layer_first_grads_out::<T, 4, 2>(x, h, g, w2, outs, sizes)
         } else {
-            two_layer_first_grads_out::<T, MAX_OUT, 4>(x, h, g, w2, outs, sizes)
+            two_layer_first_grads_out::<T, MAX_OUT, 1>(x, h, g, w2, outs, sizes)
         }
     }
 }
