@@ -58,7 +58,7 @@ pub const TWO_LAYER_GRADS_MAX_BLOCK: u32 = 512;
 
 #[cfg(not(target_arch = "nvptx64"))]
 const fn two_layer_grads_bounds(kernel: &'static str) -> crate::names::LaunchBounds {
-    crate::names::LaunchBounds { kernel, max_threads: TWO_LAYER_GRADS_MAX_BLOCK, min_blocks: 1 }
+    crate::names::LaunchBounds { kernel, max_threads: TWO_LAYER_GRADS_MAX_BLOCK, min_blocks: 2 }
 }
 
 /// A small-product kernel of element type `$elem`: its parameters, and `$body` (one of the
@@ -878,14 +878,48 @@ unsafe fn two_layer_first_grads<T: crate::device::element::Element>(
     h: *const T,
     g: *const T,
     w2: *const T,
-    (dw1, db1): (*mut T, *mut T),
-    (m, d_in, hidden, d_out): (u64, u64, u64, u64),
+    outs: (*mut T, *mut T),
+    sizes: (u64, u64, u64, u64),
 ) {
-    use crate::device::{block::LaneSums, index, math::fma, unroll::strided_fold, unroll::unroll, warp};
-    use core::arch::nvptx;
+    let (d_in, d_out) = (sizes.1, sizes.3);
     if d_in > TWO_LAYER_MAX_IN || d_out > TWO_LAYER_MAX_OUT {
         return;
     }
+    // The output width as a constant: a row of `g` and a row of `w2` take that many registers
+    // each, so a narrow output (a binary classifier's 2) leaves room for 8 rows of loads in
+    // flight (all of a 1024-row sum over 128 slices in one batch); the widest, for 4.
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        if d_out <= 2 {
+            two_layer_first_grads_out::<T, 2, 4>(x, h, g, w2, outs, sizes)
+        } else if d_out <= 4 {
+            two_layer_first_grads_out::<T, 4, 2>(x, h, g, w2, outs, sizes)
+        } else {
+            two_layer_first_grads_out::<T, MAX_OUT, 1>(x, h, g, w2, outs, sizes)
+        }
+    }
+}
+
+/// [`two_layer_first_grads`] for `d_out <= OUT`, with the loads of `ROWS` rows in flight.
+///
+/// # Safety
+/// The contract of `two_layer_first_grads_*`, and `d_in <= TWO_LAYER_MAX_IN`, `d_out <= OUT`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn two_layer_first_grads_out<T: crate::device::element::Element, const OUT: usize, const ROWS: usize>(
+    x: *const T,
+    h: *const T,
+    g: *const T,
+    w2: *const T,
+    (dw1, db1): (*mut T, *mut T),
+    (m, d_in, hidden, d_out): (u64, u64, u64, u64),
+) where
+    crate::device::unroll::Count<OUT>: crate::device::unroll::Unrolled,
+    crate::device::unroll::Count<ROWS>: crate::device::unroll::Unrolled,
+    [f32; OUT]: Default,
+{
+    use crate::device::{block::LaneSums, index, math::fma, unroll::strided_fold, unroll::unroll, warp};
+    use core::arch::nvptx;
     let mut lane_sums = LaneSums::new();
     let groups = hidden.div_ceil(TILE_COLUMNS);
     let Some(groups_nz) = NonZeroU64::new(groups) else {
@@ -900,10 +934,10 @@ unsafe fn two_layer_first_grads<T: crate::device::element::Element>(
         let (inside, ones) = (j < hidden, i == d_in);
         // This thread's hidden unit's row of `w2`.
         // SAFETY: j < hidden, c < d_out.
-        let w2_row: [f32; MAX_OUT] = if inside {
+        let w2_row: [f32; OUT] = if inside {
             unsafe { load_first(d_out, |c| w2.add((j * d_out + c) as usize).read().to_f32()) }
         } else {
-            [0.0; MAX_OUT]
+            [0.0; OUT]
         };
         // Row r's input `i` (1 in the row of ones), output gradient and hidden value (the
         // ReLU's mask), every load of a batch in flight before any is used.
@@ -911,13 +945,13 @@ unsafe fn two_layer_first_grads<T: crate::device::element::Element>(
         let load = |r: u64| unsafe {
             let x_value = if ones { 1.0 } else { x.add((r * d_in + i) as usize).read().to_f32() };
             let g_row = g.add((r * d_out) as usize);
-            let gs: [f32; MAX_OUT] = load_first(d_out, |c| g_row.add(c as usize).read().to_f32());
+            let gs: [f32; OUT] = load_first(d_out, |c| g_row.add(c as usize).read().to_f32());
             (x_value, gs, h.add((r * hidden + j) as usize).read().to_f32())
         };
-        let combine = |acc: f32, (x_value, gs, mask): (f32, [f32; MAX_OUT], f32)| {
+        let combine = |acc: f32, (x_value, gs, mask): (f32, [f32; OUT], f32)| {
             // g · w2ᵀ at (r, j) as the thread product computes it, rounded to the element type.
             let mut d = 0.0f32;
-            unroll::<MAX_OUT>(|c| {
+            unroll::<OUT>(|c| {
                 if (c as u64) < d_out {
                     d = fma(gs[c], w2_row[c], d);
                 }
@@ -925,7 +959,7 @@ unsafe fn two_layer_first_grads<T: crate::device::element::Element>(
             // Widening is exact, so the test is the element type's own; NaN fails it.
             fma(x_value, if mask > 0.0 { T::from_f32(d).to_f32() } else { 0.0 }, acc)
         };
-        let acc = if inside { strided_fold::<4, _, f32>(slice, m, slices, 0.0, load, combine) } else { 0.0 };
+        let acc = if inside { strided_fold::<ROWS, _, f32>(slice, m, slices, 0.0, load, combine) } else { 0.0 };
         // As `linear_grads` adds a column: lanes c, c + 4, …, c + 28 of a warp by a butterfly,
         // then the warps in order.
         // SAFETY: the whole warp is here (the branches above have rejoined); every thread of the
