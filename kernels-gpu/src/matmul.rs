@@ -43,9 +43,10 @@ use crate::names::MatmulKernels;
 #[cfg(target_arch = "nvptx64")]
 use core::num::NonZeroU64;
 
-/// The two-layer gradient kernels hold several rows of output gradients in flight a thread, and
-/// a hidden unit's row of `w2`: at most 512 threads a block (128 registers on sm_90), which the
-/// host keeps to.
+/// The two-layer gradient kernels hold rows of output gradients in flight a thread, and a hidden
+/// unit's row of `w2`: at most 512 threads a block, two blocks a multiprocessor (64 registers on
+/// sm_90), so that the first layer's gradient shares the GPU with the second layer's
+/// (`linear_grads`, a parallel branch of a training step's graph). The host keeps to it.
 #[cfg(not(target_arch = "nvptx64"))]
 pub(crate) const LAUNCH_BOUNDS: &[crate::names::LaunchBounds] = &[
     two_layer_grads_bounds("two_layer_first_grads_f32"),
@@ -886,8 +887,8 @@ unsafe fn two_layer_first_grads<T: crate::device::element::Element>(
         return;
     }
     // The output width as a constant: a row of `g` and a row of `w2` take that many registers
-    // each, so a narrow output (a binary classifier's 2) leaves room for 8 rows of loads in
-    // flight (all of a 1024-row sum over 128 slices in one batch); the widest, for 4.
+    // each, so within 64 registers a narrow output (a binary classifier's 2) keeps 4 rows of
+    // loads in flight, 4 outputs 2 rows, the widest 1.
     // SAFETY: forwarded from this function's contract.
     unsafe {
         if d_out <= 2 {
