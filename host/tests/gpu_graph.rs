@@ -292,15 +292,18 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
     let x = Tensor::from_vec(xv.clone(), [n], GPU)?;
     let y = Tensor::from_vec(yv.clone(), [n], GPU)?;
     let one = Tensor::from_vec(vec![1.0f32; n], [n], GPU)?;
-    let chain = |nodes: usize, depth: usize, graph: &Graph| {
-        let expected = if branches_on() { (nodes, depth) } else { (nodes, nodes) };
-        assert_eq!((graph.node_count(), graph.depth()), expected, "{graph:?}");
+    // The nodes, the longest chain and the edges a capture must record (without branches,
+    // every node follows the one before: one chain).
+    let chain = |nodes: usize, depth: usize, edges: usize, graph: &Graph| {
+        let expected = if branches_on() { (nodes, depth, edges) } else { (nodes, nodes, nodes - 1) };
+        assert_eq!((graph.node_count(), graph.depth(), graph.edge_count()), expected, "{graph:?}");
     };
     ops::add(&x, &y)?; // loads the kernels outside the captures
 
     // One node, no edges: a chain of one (the edge query must not be asked for zero edges).
     let (graph, sum) = Graph::capture(&dev, || ops::add(&x, &y))?;
-    assert_eq!((graph.node_count(), graph.depth(), graph.programmatic_edges()), (1, 1, 0), "{graph:?}");
+    assert_eq!((graph.node_count(), graph.depth(), graph.edge_count()), (1, 1, 0), "{graph:?}");
+    assert_eq!(graph.programmatic_edges(), 0, "{graph:?}");
     graph.replay()?;
     assert_eq!(sum.to_vec::<f32>()?, xv.iter().zip(&yv).map(|(&x, &y)| x + y).collect::<Vec<_>>());
 
@@ -311,20 +314,20 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
         let (a, b) = (ops::mul(&x2, &x)?, ops::mul(&y2, &y)?);
         Ok::<_, Error>((ops::add(&a, &b)?, [x2, y2, a, b]))
     })?;
-    chain(5, 3, &graph);
+    chain(5, 3, 4, &graph);
     graph.replay()?;
     let expected: Vec<f32> = xv.iter().zip(&yv).map(|(&x, &y)| (x + x) * x + (y + y) * y).collect();
     assert_eq!(z.to_vec::<f32>()?, expected);
 
     // Read x, then write it in place, then read both: the write waits for the read before it
-    // (write after read), and the last read for the write (read after write).
+    // (write after read), and the last read for the write (read after write) and the first.
     let (graph, (first, last)) = Graph::capture(&dev, || {
         let first = ops::add(&x, &x)?;
         ops::add_into(&x, &one, &x)?;
         let last = ops::add(&first, &x)?;
         Ok::<_, Error>((first, last))
     })?;
-    chain(3, 3, &graph);
+    chain(3, 3, 3, &graph);
     for round in 1..=3 {
         graph.replay()?;
         // Before replay r, x holds x0 + (r - 1).
@@ -337,7 +340,8 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
     x.copy_from_(&Tensor::from_vec(xv.clone(), [n], GPU)?)?;
 
     // A temporary's block, given back to the graph's pool and handed to a new tensor: the new
-    // tensor's writer waits for the old one's last reader.
+    // tensor's writer waits for the old one's last reader, and through it for the old writer
+    // (no edge of its own: 2 edges, not 3).
     let (graph, (u, v)) = Graph::capture(&dev, || {
         let t = ops::add(&x, &x)?;
         let u = ops::mul(&t, &t)?;
@@ -345,7 +349,7 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
         let v = ops::add(&y, &y)?; // t's block, same size
         Ok::<_, Error>((u, v))
     })?;
-    chain(3, 3, &graph);
+    chain(3, 3, 2, &graph);
     graph.replay()?;
     assert_eq!(u.to_vec::<f32>()?, xv.iter().map(|&x| (x + x) * (x + x)).collect::<Vec<_>>());
     assert_eq!(v.to_vec::<f32>()?, yv.iter().map(|&y| y + y).collect::<Vec<_>>());
@@ -359,7 +363,7 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
         let x2 = ops::add(&x, &spare)?; // after the copy
         Ok::<_, Error>((a, filled, x2))
     })?;
-    chain(4, 2, &graph);
+    chain(4, 2, 1, &graph);
     graph.replay()?;
     assert_eq!(a.to_vec::<f32>()?, xv.iter().map(|&x| x + x).collect::<Vec<_>>());
     assert_eq!(spare.to_vec::<f32>()?, vec![1.0f32; n]);
