@@ -4,7 +4,8 @@
 //! Both forwards leave f32 partials that the reduction family's `sum_finish` turns into the
 //! mean, in a fixed order (the same bits every run): one loss per row for cross-entropy, one
 //! partial sum of squares per warp for the squared error. Both backwards read the upstream
-//! gradient `g[0]` on the device, so a training step needs no host round trip.
+//! gradient `g[0]` on the device, so a training step needs no host round trip (or, for
+//! cross-entropy, take one the host knows, folded into the scale: no tensor to fill with it).
 //!
 //! A cross-entropy row of at most [`THREAD_ROW_MAX_COLS`] classes is read by one thread, longer
 //! rows by one warp; both kernels branch on `cols` once per launch.
@@ -294,7 +295,9 @@ macro_rules! loss_family {
 
         /// The backward of the mean cross-entropy:
         /// `gx[r, c] = (softmax(logits[r, :])[c] - (c == labels[r])) * g[0] * scale`, with
-        /// `scale = 1 / rows` for the mean.
+        /// `scale = 1 / rows` for the mean. A null `g` stands for `g[0] * scale = scale`: the
+        /// host folds a gradient it knows (a loss's seed of 1) into `scale`, so that no tensor
+        /// has to be filled with it first.
         ///
         /// Thread mapping as for the forward: for `cols <= THREAD_ROW_MAX_COLS`, one thread per
         /// row, which reads the row once and keeps its exponentials in registers for the
@@ -302,8 +305,8 @@ macro_rules! loss_family {
         /// and sum, then the gradient). Any grid is correct.
         ///
         /// # Safety
-        /// `g` is valid for one element, `logits` and `gx` for `rows * cols`, `labels` for `rows`
-        /// values; `gx` overlaps no input; `blockDim.x` is a multiple of 32.
+        /// `g` is null or valid for one element, `logits` and `gx` for `rows * cols`, `labels`
+        /// for `rows` values; `gx` overlaps no input; `blockDim.x` is a multiple of 32.
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $ce_bwd(
@@ -311,8 +314,8 @@ macro_rules! loss_family {
         ) {
             crate::device::dependent_launch::prologue();
             use crate::device::element::Element;
-            // SAFETY: `g` is valid for one element.
-            let coef = unsafe { g.read() }.to_f32() * scale;
+            // SAFETY: a non-null `g` is valid for one element.
+            let coef = if g.is_null() { scale } else { unsafe { g.read() }.to_f32() * scale };
             // SAFETY: forwarded from this kernel's contract.
             unsafe { imp::cross_entropy_backward::<$elem>(imp::Rows { logits, labels, out: gx, rows, cols, coef }) }
         }
@@ -356,8 +359,8 @@ macro_rules! loss_family {
         ) {
             crate::device::dependent_launch::prologue();
             use crate::device::element::Element;
-            // SAFETY: `g` is valid for one element.
-            let coef = unsafe { g.read() }.to_f32() * scale;
+            // SAFETY: a non-null `g` is valid for one element.
+            let coef = if g.is_null() { scale } else { unsafe { g.read() }.to_f32() * scale };
             // SAFETY: forwarded from this kernel's contract.
             unsafe {
                 crate::device::elementwise::map_elementwise::<$elem, 2, 1>([pred, target], [out], n, |[p, t]| [(p - t) * coef])

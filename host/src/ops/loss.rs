@@ -13,7 +13,6 @@ use super::reduce::{cuda_device, finish_sum, launch, reduce_partials};
 #[cfg(feature = "cuda")]
 use super::softmax::launch_rows;
 use super::softmax::{reciprocal_or_zero, row_max_sum};
-#[cfg(feature = "cuda")]
 use crate::DType;
 #[cfg(feature = "cuda")]
 use crate::cuda::CudaDevice;
@@ -178,13 +177,60 @@ fn cross_entropy_cpu(logits: &Tensor, labels: &[u32], classes: usize) -> Result<
 /// ```
 #[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // rows are for the CUDA half
 pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> Result<Tensor> {
+    cross_entropy_backward_of(Upstream::Tensor(g), logits, labels)
+}
+
+/// [`cross_entropy_backward`] with an upstream gradient the host knows (a loss's seed of 1, a
+/// scaled loss's factor): the same values, bit for bit, as `g` filled into a one-element
+/// tensor of the logits' dtype, with no tensor filled on the device first (on CUDA one kernel
+/// launch and no fill: in a captured graph, one node instead of two).
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Labels, Tensor};
+/// let logits = Tensor::from_vec(vec![0.0f32, 0.0], [1, 2], Device::Cpu)?;
+/// let labels = Labels::new(&[1], Device::Cpu)?;
+/// let gx = ops::cross_entropy_backward_scalar(2.0, &logits, &labels)?;
+/// assert_eq!(gx.to_vec::<f32>()?, [1.0, -1.0]); // ([0.5, 0.5] - [0, 1]) * 2
+/// # Ok(()) }
+/// ```
+pub fn cross_entropy_backward_scalar(g: f64, logits: &Tensor, labels: &Labels) -> Result<Tensor> {
+    cross_entropy_backward_of(Upstream::Known(g), logits, labels)
+}
+
+/// The upstream gradient of a loss's backward.
+#[derive(Clone, Copy)]
+enum Upstream<'a> {
+    /// A one-element tensor (checked), read where the work runs.
+    Tensor(&'a Tensor),
+    /// A value the host knows.
+    Known(f64),
+}
+
+impl Upstream<'_> {
+    /// The value as the loss's dtype holds it (a known value rounded as a fill rounds it), read
+    /// to the host: for the CPU path.
+    fn host_value(self, dtype: DType) -> Result<f64> {
+        match self {
+            Upstream::Tensor(g) => Ok(g.to_vec_f64()?[0]),
+            Upstream::Known(g) => {
+                Tensor::from_f64(&[g], Shape::from(Vec::new()), dtype, Device::Cpu)?.to_vec_f64().map(|v| v[0])
+            }
+        }
+    }
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // rows are for the CUDA half
+fn cross_entropy_backward_of(g: Upstream<'_>, logits: &Tensor, labels: &Labels) -> Result<Tensor> {
     let (rows, classes) = classification("cross_entropy_backward", logits, labels)?;
-    scalar_gradient("cross_entropy_backward", g, logits)?;
+    if let Upstream::Tensor(g) = g {
+        scalar_gradient("cross_entropy_backward", g, logits)?;
+    }
     match logits.device() {
         Device::Cpu => {
             check::cpu_work("cross_entropy_backward")?;
             let labels = host_labels("cross_entropy_backward", labels)?;
-            cross_entropy_backward_cpu(g, logits, labels, classes)
+            cross_entropy_backward_cpu(g.host_value(logits.dtype())?, logits, labels, classes)
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
@@ -192,18 +238,26 @@ pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> R
             check_launch_len("cross_entropy_backward", logits.elem_count(), logits.dtype())?;
             let device = cuda_device("cross_entropy_backward", logits)?;
             let out = Tensor::empty(logits.shape().clone(), logits.dtype(), logits.device())?;
+            let scale = (1.0 / rows as f64) as f32;
+            // A known gradient is folded into the scale on the host, in the f32 multiply the
+            // kernel does with a read one (the same bits), and `g` is passed as null.
+            let (g, scale) = match g {
+                Upstream::Tensor(g) => (KernelArg::Input(g), scale),
+                Upstream::Known(_) => (KernelArg::U64(0), g.host_value(logits.dtype())? as f32 * scale),
+            };
             labels.with_device_ptr("cross_entropy_backward", &device.current_stream(), |labels| {
                 let args = [
-                    KernelArg::Input(g),
+                    g,
                     KernelArg::Input(logits),
                     KernelArg::U64(labels),
                     KernelArg::Output(&out),
                     KernelArg::U64(rows as u64),
                     KernelArg::U64(classes as u64),
-                    KernelArg::F32((1.0 / rows as f64) as f32),
+                    KernelArg::F32(scale),
                 ];
                 // SAFETY: cross_entropy_backward kernels take (g, logits, labels, gx, rows, cols,
-                // scale); g holds one element, logits and gx rows * classes, labels one per row.
+                // scale); g is null or holds one element, logits and gx rows * classes, labels
+                // one per row.
                 unsafe { launch_cross_entropy(&device, table.cross_entropy_backward, rows, classes, &args) }
             })?;
             Ok(out)
@@ -214,8 +268,8 @@ pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> R
 }
 
 /// In f64, each output rounded once.
-fn cross_entropy_backward_cpu(g: &Tensor, logits: &Tensor, labels: &[u32], classes: usize) -> Result<Tensor> {
-    let coef = g.to_vec_f64()?[0] / labels.len() as f64;
+fn cross_entropy_backward_cpu(g: f64, logits: &Tensor, labels: &[u32], classes: usize) -> Result<Tensor> {
+    let coef = g / labels.len() as f64;
     let xs = logits.to_vec_f64()?;
     let mut out = Vec::with_capacity(xs.len());
     for (z, &label) in xs.chunks(classes).zip(labels) {
