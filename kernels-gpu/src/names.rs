@@ -460,6 +460,9 @@ fn pick(warp: &[RowKernel], block: &[BlockRowKernel], cols: u64) -> Option<RowLa
 pub struct LossKernels {
     /// The cross-entropy of each row of logits against its label, in f32.
     pub cross_entropy: &'static str,
+    /// The mean cross-entropy of rows of at most `THREAD_ROW_MAX_COLS` classes in one block:
+    /// `cross_entropy` and the reduction family's `sum_finish` in one launch.
+    pub cross_entropy_mean: &'static str,
     /// `(softmax(logits) - onehot(labels)) * g[0] * scale`.
     pub cross_entropy_backward: &'static str,
     /// One f32 partial sum of `(pred - target)^2` per warp.
@@ -470,8 +473,8 @@ pub struct LossKernels {
 
 impl LossKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 4] {
-        [self.cross_entropy, self.cross_entropy_backward, self.mse_partials, self.mse_backward]
+    pub const fn all(&self) -> [&'static str; 5] {
+        [self.cross_entropy, self.cross_entropy_mean, self.cross_entropy_backward, self.mse_partials, self.mse_backward]
     }
 }
 
@@ -698,7 +701,7 @@ pub const ALL_MATMUL: [MatmulKernels; 3] = [matmul::F32, matmul::F16, matmul::BF
 /// // index_select and gather for six dtypes. The fused attention (two forwards and two
 /// // backward kernels at two head sizes, and one kernel that finishes dQ) for f16 and bf16.
 /// // And the benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 10) + 6 * 2 + 7 + 2 * (2 * 4 + 1) + 1);
+/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 5 + 10) + 6 * 2 + 7 + 2 * (2 * 4 + 1) + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]

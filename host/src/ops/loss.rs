@@ -9,7 +9,7 @@ use super::check;
 #[cfg(feature = "cuda")]
 use super::cuda::{check_launch_len, dtype_table};
 #[cfg(feature = "cuda")]
-use super::reduce::{cuda_device, finish_sum, launch, reduce_partials};
+use super::reduce::{cuda_device, finish_block, finish_sum, launch, reduce_partials};
 #[cfg(feature = "cuda")]
 use super::softmax::launch_rows;
 use super::softmax::{reciprocal_or_zero, row_max_sum};
@@ -17,7 +17,7 @@ use crate::DType;
 #[cfg(feature = "cuda")]
 use crate::cuda::CudaDevice;
 #[cfg(feature = "cuda")]
-use crate::cuda::KernelArg;
+use crate::cuda::{KernelArg, LaunchConfig};
 use crate::dtype::{Accumulator, with_float_type};
 use crate::{Device, Element, Error, Labels, Result, Shape, Tensor};
 #[cfg(feature = "cuda")]
@@ -44,6 +44,12 @@ unsafe fn launch_cross_entropy(
         unsafe { launch_rows(device, name, rows, args) }
     }
 }
+
+/// The most rows whose mean cross-entropy one block computes, in one launch
+/// (`cross_entropy_mean`, for rows of up to `THREAD_ROW_MAX_COLS` classes): four rows a thread
+/// of 1024, one batch of loads. More rows take the cross-entropy kernel and `sum_finish`.
+#[cfg(feature = "cuda")]
+const ONE_BLOCK_MEAN_ROWS: usize = 4096;
 
 /// Checks logits `[rows, classes]` against their labels and returns (rows, classes).
 fn classification(op: &'static str, logits: &Tensor, labels: &Labels) -> Result<(usize, usize)> {
@@ -96,7 +102,8 @@ fn host_labels<'a>(op: &'static str, labels: &'a Labels) -> Result<&'a [u32]> {
 ///
 /// On CUDA the log-softmax is fused in: one kernel reads each row once (one thread per row of
 /// up to [`THREAD_ROW_MAX_COLS`](opsmith_kernels::names::loss::THREAD_ROW_MAX_COLS) classes,
-/// one warp per longer row), then one block averages the per-row losses.
+/// one warp per longer row), then one block averages the per-row losses. Up to 4096 rows of
+/// at most that many classes, one block does both in one launch, with the same bits.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
@@ -122,8 +129,29 @@ pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
             let table = dtype_table("cross_entropy", logits, ALL_LOSS)?;
             check_launch_len("cross_entropy", logits.elem_count(), logits.dtype())?;
             let device = cuda_device("cross_entropy", logits)?;
-            let losses = Tensor::empty(Shape::from(rows), DType::F32, logits.device())?;
             let out = Tensor::empty(Shape::from(Vec::new()), logits.dtype(), logits.device())?;
+            let scale = 1.0 / rows as f64;
+            if classes as u64 <= THREAD_ROW_MAX_COLS && rows <= ONE_BLOCK_MEAN_ROWS {
+                labels.with_device_ptr("cross_entropy", &device.current_stream(), |labels| {
+                    let kernel = device.kernel(table.cross_entropy_mean)?;
+                    let cfg = LaunchConfig { grid: 1, block: finish_block(rows), shared_mem_bytes: 0 };
+                    let args = [
+                        KernelArg::Input(logits),
+                        KernelArg::U64(labels),
+                        KernelArg::Output(&out),
+                        KernelArg::U64(rows as u64),
+                        KernelArg::U64(classes as u64),
+                        KernelArg::F32(scale as f32),
+                    ];
+                    // SAFETY: cross_entropy_mean kernels take (logits, labels, out, rows, cols,
+                    // scale); logits hold rows * classes elements, labels one value per row, out
+                    // one element; one block of a multiple of 32 threads up to 1024, and
+                    // classes <= THREAD_ROW_MAX_COLS, as the kernel requires.
+                    unsafe { kernel.launch(&device.current_stream(), cfg, &args) }
+                })?;
+                return Ok(out);
+            }
+            let losses = Tensor::empty(Shape::from(rows), DType::F32, logits.device())?;
             labels.with_device_ptr("cross_entropy", &device.current_stream(), |labels| {
                 let args = [
                     KernelArg::Input(logits),
@@ -136,7 +164,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
                 // hold rows * classes elements, labels and losses one value per row.
                 unsafe { launch_cross_entropy(&device, table.cross_entropy, rows, classes, &args) }
             })?;
-            finish_sum("cross_entropy", &losses, rows, 1.0 / rows as f64, &out)?;
+            finish_sum("cross_entropy", &losses, rows, scale, &out)?;
             Ok(out)
         }
         #[cfg(not(feature = "cuda"))]
