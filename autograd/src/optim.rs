@@ -341,12 +341,12 @@ impl Adam {
 impl Optimizer for Adam {
     /// Advances each device's [`AdamState`] one step and updates every parameter that has a
     /// gradient from it ([`ops::adam_advance_step_group`]): on CUDA one launch for both when
-    /// the device's parameters are few and small (four, of 4096 elements together), else an
-    /// advance and a launch per four parameters.
+    /// the device's parameters are few and small (at most four, of at most 1024 packs of 4
+    /// elements, each parameter rounded up to whole packs), else an advance and a launch per
+    /// four parameters.
     fn step(&mut self, grads: &Gradients) -> Result<()> {
         let c = self.config;
         let hyper = AdamHyper { beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay };
-        self.step += 1;
         for (k, state) in self.states.iter().enumerate() {
             let slots: Vec<AdamTensors<'_>> = self
                 .params
@@ -358,6 +358,8 @@ impl Optimizer for Adam {
                 .collect();
             ops::adam_advance_step_group(&slots, state, &hyper)?;
         }
+        // Counted once every state has moved: a refused step leaves the count where it was.
+        self.step += 1;
         Ok(())
     }
 

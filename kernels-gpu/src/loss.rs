@@ -471,8 +471,8 @@ macro_rules! loss_family {
         ) {
             crate::device::dependent_launch::prologue();
             use crate::device::element::Element;
-            // SAFETY: a non-null `g` is valid for one element.
-            let coef = if g.is_null() { scale } else { unsafe { g.read() }.to_f32() * scale };
+            // SAFETY: `g` is valid for one element.
+            let coef = unsafe { g.read() }.to_f32() * scale;
             // SAFETY: forwarded from this kernel's contract.
             unsafe {
                 crate::device::elementwise::map_elementwise::<$elem, 2, 1>([pred, target], [out], n, |[p, t]| [(p - t) * coef])

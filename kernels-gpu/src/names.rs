@@ -463,7 +463,7 @@ pub struct LossKernels {
     /// The mean cross-entropy of rows of at most `THREAD_ROW_MAX_COLS` classes in one block:
     /// `cross_entropy` and the reduction family's `sum_finish` in one launch.
     pub cross_entropy_mean: &'static str,
-    /// `(softmax(logits) - onehot(labels)) * g[0] * scale`.
+    /// `(softmax(logits) - onehot(labels)) * g[0] * scale` (a null `g` for `scale` alone).
     pub cross_entropy_backward: &'static str,
     /// One f32 partial sum of `(pred - target)^2` per warp.
     pub mse_partials: &'static str,

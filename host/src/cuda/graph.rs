@@ -35,8 +35,9 @@
 //! A stream runs its work one item after another, but much of a training step is independent:
 //! the gradients of a layer's weight and bias, the optimizer's step count and the forward pass.
 //! A capture records each of opsmith's kernels (and each [`Kernel::launch`](super::Kernel::launch))
-//! after only the nodes it must follow: the last node that wrote memory it uses, and for memory
-//! it writes, the nodes that read it since. Both launch paths know every buffer a kernel reads
+//! after only the nodes it must follow: for memory it reads, the last node that wrote it; for
+//! memory it writes, the nodes that read it since that write (each of which follows the
+//! writer), or the writer if none did. Both launch paths know every buffer a kernel reads
 //! and writes, so a replay may run independent kernels at the same time on different SMs, and
 //! [`Graph::depth`] (the longest chain) is what bounds a replay's time rather than
 //! [`Graph::node_count`]. The results are the same bits: only the order of independent work

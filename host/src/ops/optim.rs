@@ -653,8 +653,9 @@ pub fn adam_step_device_group(slots: &[AdamTensors<'_>], state: &AdamState) -> R
 
 /// A whole Adam step: [`AdamState::advance`] with `hyper`, then [`adam_step_device_group`] over
 /// `slots`, with the same results bit for bit. On CUDA, parameters that fit one launch of the
-/// grouped kernel and one block (at most four, of at most 4096 f32 elements together: a small
-/// model's) take a single launch for both, which in a captured graph is one node instead of two;
+/// grouped kernel and one block (at most four, of at most 1024 packs of 4 f32 together, each
+/// parameter rounded up to whole packs: up to 4096 elements, a small model's) take a single
+/// launch for both, which in a captured graph is one node instead of two;
 /// others take the two calls' launches. Every check of both calls comes first: on an error the
 /// state has not moved either. An empty `slots` advances the state only.
 ///
