@@ -145,9 +145,10 @@ fn small_step(dev: &CudaDevice, blocks: usize, dot_dir: Option<&std::path::Path>
     assert_same("n = 1024 step, new inputs", &tape_step(&fresh[0], &fresh[1], &fresh[2])?, &grads)?;
     println!(
         "check: n = 1024 graph gradients equal eager's bit for bit (static and copied-in inputs; graph of {} nodes, \
-         {} in a row, {} programmatic edges)",
+         {} in a row, {} edges of which {} programmatic)",
         graph.node_count(),
         graph.depth(),
+        graph.edge_count(),
         graph.programmatic_edges()
     );
 
@@ -240,9 +241,10 @@ fn mlp_step(dev: &CudaDevice, blocks: usize, dot_dir: Option<&std::path::Path>, 
     }
     println!(
         "check: MLP, 1 eager step + 100 replays equal 101 eager steps bit for bit (losses and parameters; \
-         graph of {} nodes, {} in a row, {} programmatic edges, {} KiB pool)",
+         graph of {} nodes, {} in a row, {} edges of which {} programmatic, {} KiB pool)",
         graph.node_count(),
         graph.depth(),
+        graph.edge_count(),
         graph.programmatic_edges(),
         graph.pool_bytes() / 1024
     );
@@ -295,9 +297,10 @@ fn chain_floor(dev: &CudaDevice, blocks: usize, rows: &mut Vec<Row>) -> Result<(
     run()?;
     let (graph, _out) = Graph::capture(dev, run)?;
     println!(
-        "chain: {} nodes, {} in a row, {} programmatic edges",
+        "chain: {} nodes, {} in a row, {} edges of which {} programmatic",
         graph.node_count(),
         graph.depth(),
+        graph.edge_count(),
         graph.programmatic_edges()
     );
     let (e, wl) = time_blocks(&dev.current_stream(), 1000, blocks, || Ok(graph.replay()?))?;

@@ -192,8 +192,9 @@ impl Default for AdamConfig {
 /// Adam is capturable: its step count and learning rate live on the device, in one
 /// [`AdamState`] per device that holds parameters. A step advances each state once (one tiny
 /// kernel: the step count, the betas' powers and that step's coefficients, all on the device),
-/// then runs one fused kernel per four parameters that reads the coefficients from device memory.
-/// No step reads the device or copies to it, so a CUDA graph can record it, and each replay is
+/// then runs one fused kernel per four parameters that reads the coefficients from device memory;
+/// a device whose parameters are four or fewer and small (a small model's) takes one kernel for
+/// both. No step reads the device or copies to it, so a CUDA graph can record it, and each replay is
 /// a correct next step. [`set_lr`](Adam::set_lr) writes the learning rate on the device for the
 /// next step, eager or replayed.
 ///
@@ -338,16 +339,14 @@ impl Adam {
 }
 
 impl Optimizer for Adam {
-    /// Advances each device's [`AdamState`] one step, then updates every parameter that has a
-    /// gradient from it, four parameters a launch on CUDA ([`ops::adam_step_device_group`]).
+    /// Advances each device's [`AdamState`] one step and updates every parameter that has a
+    /// gradient from it ([`ops::adam_advance_step_group`]): on CUDA one launch for both when
+    /// the device's parameters are few and small (at most four, of at most 1024 packs of 4
+    /// elements, each parameter rounded up to whole packs), else an advance and a launch per
+    /// four parameters.
     fn step(&mut self, grads: &Gradients) -> Result<()> {
         let c = self.config;
         let hyper = AdamHyper { beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay };
-        for state in &self.states {
-            state.advance(&hyper)?;
-        }
-        self.step += 1;
-        // One grouped update per device: a launch per four parameters on CUDA.
         for (k, state) in self.states.iter().enumerate() {
             let slots: Vec<AdamTensors<'_>> = self
                 .params
@@ -357,8 +356,10 @@ impl Optimizer for Adam {
                 .filter(|&(_, &of)| of == k)
                 .filter_map(|((p, (m, v)), _)| grads.get(p).map(|grad| AdamTensors { param: p.value(), grad, m, v }))
                 .collect();
-            ops::adam_step_device_group(&slots, state)?;
+            ops::adam_advance_step_group(&slots, state, &hyper)?;
         }
+        // Counted once every state has moved: a refused step leaves the count where it was.
+        self.step += 1;
         Ok(())
     }
 

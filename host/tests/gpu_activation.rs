@@ -150,12 +150,14 @@ fn optimizers_cuda_match_cpu_bitwise() -> Result<()> {
     Ok(())
 }
 
-/// The grouped Adam kernel launched directly, on grids smaller and larger than its packs (one
-/// warp for hundreds of packs, three blocks of two warps, 1024 threads for a few packs, one
+/// The grouped Adam kernels launched directly, on grids smaller and larger than their packs
+/// (one warp for hundreds of packs, three blocks of two warps, 1024 threads for a few packs, one
 /// thread per pack): every element updated exactly once, bit for bit as
 /// `opsmith_kernels::optim::adam` in f32 on the CPU, over slots of sizes not a multiple of 4,
 /// empty slots first, between and last, and views at odd offsets; the gradients unchanged and
-/// nothing outside the views written.
+/// nothing outside the views written. The one-block kernel that also advances the state
+/// (`adam_device_group_advance`) on the same grids: its block 0 alone does the work, striding
+/// by its size, and it leaves the next state and that step's coefficients.
 #[test]
 fn adam_group_kernel_any_grid() -> Result<()> {
     use opsmith_host::cuda::{self, Grid, LaunchConfig};
@@ -163,6 +165,7 @@ fn adam_group_kernel_any_grid() -> Result<()> {
     let hyper = AdamHyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
     let mut progress = AdamProgress::start(1e-2);
     progress.advance(&hyper);
+    let before = progress;
     let c = progress.advance(&hyper).map(|x| x as f32);
     let coefficients = Tensor::from_vec(c.to_array().to_vec(), [8], GPU)?;
     // Each slot's size and the offsets of its [param, grad, m, v] views in their buffers.
@@ -182,8 +185,11 @@ fn adam_group_kernel_any_grid() -> Result<()> {
     let mut rng = StdRng::seed_from_u64(406);
     for (l, layout) in layouts.iter().enumerate() {
         let packs: u64 = layout.iter().map(|&(n, _)| n.div_ceil(4) as u64).sum();
-        for grid in [config(1, 32), config(3, 64), config(1, 1024), Grid::covering(packs)] {
-            let context = format!("layout {l}, {grid:?}");
+        for (grid, advancing) in [config(1, 32), config(3, 64), config(1, 1024), Grid::covering(packs)]
+            .into_iter()
+            .flat_map(|grid| [(grid, false), (grid, true)])
+        {
+            let context = format!("layout {l}, {grid:?}, advancing {advancing}");
             // Per slot: p, g, m, v (v ≥ 0).
             let mut slots: Vec<[Padded; 4]> = Vec::new();
             for &(n, offsets) in layout {
@@ -204,33 +210,75 @@ fn adam_group_kernel_any_grid() -> Result<()> {
             }
             let view = |s: usize, k: usize| &slots[s][k].view;
             let n = |s: usize| layout[s].0 as u64;
-            cuda::launch(
-                opsmith_kernels::names::optim::F32.adam_device_group,
-                grid,
-                (
-                    view(0, 0),
-                    view(0, 1),
-                    view(0, 2),
-                    view(0, 3),
-                    n(0),
-                    view(1, 0),
-                    view(1, 1),
-                    view(1, 2),
-                    view(1, 3),
-                    n(1),
-                    view(2, 0),
-                    view(2, 1),
-                    view(2, 2),
-                    view(2, 3),
-                    n(2),
-                    view(3, 0),
-                    view(3, 1),
-                    view(3, 2),
-                    view(3, 3),
-                    n(3),
-                    &coefficients,
-                ),
-            )?;
+            let state = Tensor::from_vec(before.to_array().to_vec(), [4], GPU)?;
+            let written = Tensor::from_vec(vec![f32::NAN; 8], [8], GPU)?;
+            if advancing {
+                let AdamHyper { beta1, beta2, eps, weight_decay } = hyper;
+                cuda::launch(
+                    opsmith_kernels::names::optim::F32.adam_device_group_advance,
+                    grid,
+                    (
+                        view(0, 0),
+                        view(0, 1),
+                        view(0, 2),
+                        view(0, 3),
+                        n(0),
+                        view(1, 0),
+                        view(1, 1),
+                        view(1, 2),
+                        view(1, 3),
+                        n(1),
+                        view(2, 0),
+                        view(2, 1),
+                        view(2, 2),
+                        view(2, 3),
+                        n(2),
+                        view(3, 0),
+                        view(3, 1),
+                        view(3, 2),
+                        view(3, 3),
+                        n(3),
+                        &state,
+                        &written,
+                        beta1,
+                        beta2,
+                        eps,
+                        weight_decay,
+                    ),
+                )?;
+                assert_eq!(state.to_vec::<f64>()?, progress.to_array(), "{context}: the next state");
+                let want: Vec<u32> = c.to_array().iter().map(|x| x.to_bits()).collect();
+                let got: Vec<u32> = written.to_vec::<f32>()?.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(got, want, "{context}: the step's coefficients");
+            } else {
+                cuda::launch(
+                    opsmith_kernels::names::optim::F32.adam_device_group,
+                    grid,
+                    (
+                        view(0, 0),
+                        view(0, 1),
+                        view(0, 2),
+                        view(0, 3),
+                        n(0),
+                        view(1, 0),
+                        view(1, 1),
+                        view(1, 2),
+                        view(1, 3),
+                        n(1),
+                        view(2, 0),
+                        view(2, 1),
+                        view(2, 2),
+                        view(2, 3),
+                        n(2),
+                        view(3, 0),
+                        view(3, 1),
+                        view(3, 2),
+                        view(3, 3),
+                        n(3),
+                        &coefficients,
+                    ),
+                )?;
+            }
             for (s, [p, g, m, v]) in slots.iter().enumerate() {
                 let updated: Vec<(f32, f32, f32)> =
                     (0..p.values.len()).map(|i| adam(p.values[i], g.values[i], m.values[i], v.values[i], &c)).collect();

@@ -277,6 +277,68 @@ fn the_graph_keeps_what_it_uses_alive_and_orders_replays_across_streams() -> Res
     Ok(())
 }
 
+/// A grouped Adam step's operands from each parameter's `[param, grad, m, v]`.
+fn adam_slots(set: &[[Tensor; 4]]) -> Vec<opsmith_host::ops::AdamTensors<'_>> {
+    set.iter().map(|[param, grad, m, v]| opsmith_host::ops::AdamTensors { param, grad, m, v }).collect()
+}
+
+/// The ops that do two launches' work in one record one node: a cross-entropy mean of up to
+/// 4096 short rows, and a whole Adam step (advance and update) of up to four parameters of up
+/// to 1024 packs of 4; one past either limit, the two launches (three for five parameters: the
+/// advance and two groups). Each replay gives what the eager op gives.
+#[test]
+fn ops_fused_for_small_sizes_record_one_node() -> Result<()> {
+    use opsmith_host::ops::{AdamHyper, AdamState};
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = CudaDevice::get(0)?;
+    let (_stream, _on) = own_stream(&dev)?;
+    for (rows, nodes) in [(4096usize, 1), (4097, 2)] {
+        let logits = Tensor::from_vec(values(rows * 2, 41), [rows, 2], GPU)?;
+        let classes: Vec<u32> = (0..rows).map(|r| (r % 3 % 2) as u32).collect();
+        let labels = Labels::new(&classes, GPU)?;
+        let eager = ops::cross_entropy(&logits, &labels)?.to_vec::<f32>()?[0];
+        let (graph, loss) = Graph::capture(&dev, || ops::cross_entropy(&logits, &labels))?;
+        assert_eq!(graph.node_count(), nodes, "cross_entropy of {rows} rows: {graph:?}");
+        graph.replay()?;
+        assert_eq!(loss.to_vec::<f32>()?[0].to_bits(), eager.to_bits(), "cross_entropy of {rows} rows");
+    }
+    let hyper = AdamHyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+    for (sizes, nodes) in [(&[4096usize][..], 1), (&[4093, 6][..], 2), (&[3, 5, 3, 7, 3][..], 3)] {
+        // Each parameter twice, [p, g, m, v]: one stepped eagerly, one by the replay.
+        let make = || -> Result<Vec<[Tensor; 4]>> {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| {
+                    let (p, g) = (values(n, 50 + k as u64), values(n, 60 + k as u64));
+                    let zeros = || Tensor::zeros([n], DType::F32, GPU);
+                    Ok([Tensor::from_vec(p, [n], GPU)?, Tensor::from_vec(g, [n], GPU)?, zeros()?, zeros()?])
+                })
+                .collect()
+        };
+        let (eager, replayed) = (make()?, make()?);
+        let (eager_state, state) = (AdamState::new(1e-2, GPU)?, AdamState::new(1e-2, GPU)?);
+        let (eager_slots, replayed_slots) = (adam_slots(&eager), adam_slots(&replayed));
+        let (graph, ()) = Graph::capture(&dev, || ops::adam_advance_step_group(&replayed_slots, &state, &hyper))?;
+        assert_eq!(graph.node_count(), nodes, "Adam over {sizes:?}: {graph:?}");
+        for step in 1..=2u64 {
+            ops::adam_advance_step_group(&eager_slots, &eager_state, &hyper)?;
+            graph.replay()?;
+            assert_eq!(state.step()?, step, "Adam over {sizes:?}");
+            for (k, (a, b)) in eager.iter().zip(&replayed).enumerate() {
+                for i in [0, 2, 3] {
+                    let (a, b) = (a[i].to_vec::<f32>()?, b[i].to_vec::<f32>()?);
+                    assert!(
+                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "Adam over {sizes:?}: step {step}, parameter {k}, tensor {i}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether this run records parallel branches (`OPSMITH_GRAPH_BRANCHES=0` turns them off).
 fn branches_on() -> bool {
     std::env::var(opsmith_host::cuda::GRAPH_BRANCHES_ENV).as_deref() != Ok("0")
@@ -292,15 +354,18 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
     let x = Tensor::from_vec(xv.clone(), [n], GPU)?;
     let y = Tensor::from_vec(yv.clone(), [n], GPU)?;
     let one = Tensor::from_vec(vec![1.0f32; n], [n], GPU)?;
-    let chain = |nodes: usize, depth: usize, graph: &Graph| {
-        let expected = if branches_on() { (nodes, depth) } else { (nodes, nodes) };
-        assert_eq!((graph.node_count(), graph.depth()), expected, "{graph:?}");
+    // The nodes, the longest chain and the edges a capture must record (without branches,
+    // every node follows the one before: one chain).
+    let chain = |nodes: usize, depth: usize, edges: usize, graph: &Graph| {
+        let expected = if branches_on() { (nodes, depth, edges) } else { (nodes, nodes, nodes - 1) };
+        assert_eq!((graph.node_count(), graph.depth(), graph.edge_count()), expected, "{graph:?}");
     };
     ops::add(&x, &y)?; // loads the kernels outside the captures
 
     // One node, no edges: a chain of one (the edge query must not be asked for zero edges).
     let (graph, sum) = Graph::capture(&dev, || ops::add(&x, &y))?;
-    assert_eq!((graph.node_count(), graph.depth(), graph.programmatic_edges()), (1, 1, 0), "{graph:?}");
+    assert_eq!((graph.node_count(), graph.depth(), graph.edge_count()), (1, 1, 0), "{graph:?}");
+    assert_eq!(graph.programmatic_edges(), 0, "{graph:?}");
     graph.replay()?;
     assert_eq!(sum.to_vec::<f32>()?, xv.iter().zip(&yv).map(|(&x, &y)| x + y).collect::<Vec<_>>());
 
@@ -311,20 +376,20 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
         let (a, b) = (ops::mul(&x2, &x)?, ops::mul(&y2, &y)?);
         Ok::<_, Error>((ops::add(&a, &b)?, [x2, y2, a, b]))
     })?;
-    chain(5, 3, &graph);
+    chain(5, 3, 4, &graph);
     graph.replay()?;
     let expected: Vec<f32> = xv.iter().zip(&yv).map(|(&x, &y)| (x + x) * x + (y + y) * y).collect();
     assert_eq!(z.to_vec::<f32>()?, expected);
 
     // Read x, then write it in place, then read both: the write waits for the read before it
-    // (write after read), and the last read for the write (read after write).
+    // (write after read), and the last read for the write (read after write) and the first.
     let (graph, (first, last)) = Graph::capture(&dev, || {
         let first = ops::add(&x, &x)?;
         ops::add_into(&x, &one, &x)?;
         let last = ops::add(&first, &x)?;
         Ok::<_, Error>((first, last))
     })?;
-    chain(3, 3, &graph);
+    chain(3, 3, 3, &graph);
     for round in 1..=3 {
         graph.replay()?;
         // Before replay r, x holds x0 + (r - 1).
@@ -337,7 +402,8 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
     x.copy_from_(&Tensor::from_vec(xv.clone(), [n], GPU)?)?;
 
     // A temporary's block, given back to the graph's pool and handed to a new tensor: the new
-    // tensor's writer waits for the old one's last reader.
+    // tensor's writer waits for the old one's last reader, and through it for the old writer
+    // (no edge of its own: 2 edges, not 3).
     let (graph, (u, v)) = Graph::capture(&dev, || {
         let t = ops::add(&x, &x)?;
         let u = ops::mul(&t, &t)?;
@@ -345,7 +411,7 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
         let v = ops::add(&y, &y)?; // t's block, same size
         Ok::<_, Error>((u, v))
     })?;
-    chain(3, 3, &graph);
+    chain(3, 3, 2, &graph);
     graph.replay()?;
     assert_eq!(u.to_vec::<f32>()?, xv.iter().map(|&x| (x + x) * (x + x)).collect::<Vec<_>>());
     assert_eq!(v.to_vec::<f32>()?, yv.iter().map(|&y| y + y).collect::<Vec<_>>());
@@ -359,7 +425,7 @@ fn independent_kernels_become_branches_and_every_hazard_keeps_its_order() -> Res
         let x2 = ops::add(&x, &spare)?; // after the copy
         Ok::<_, Error>((a, filled, x2))
     })?;
-    chain(4, 2, &graph);
+    chain(4, 2, 1, &graph);
     graph.replay()?;
     assert_eq!(a.to_vec::<f32>()?, xv.iter().map(|&x| x + x).collect::<Vec<_>>());
     assert_eq!(spare.to_vec::<f32>()?, vec![1.0f32; n]);

@@ -231,6 +231,90 @@ fn cross_entropy_kernels_take_any_grid_and_bad_labels() -> Result<()> {
     Ok(())
 }
 
+/// `ops::cross_entropy` of up to 4096 rows of at most `THREAD_ROW_MAX_COLS` classes is one
+/// launch (`cross_entropy_mean`): bit for bit the per-row kernel and `sum_finish` launched
+/// directly, at the row counts where the one block's threads take one row, a partial warp, and
+/// four rows each, and at each row length, over NaN-poisoned memory; one row past it (more
+/// rows, or longer ones) is the two launches, which give the same bits too. A label out of
+/// range, which the op rejects, makes the one-launch mean NaN.
+#[test]
+fn cross_entropy_mean_in_one_launch_equals_the_two_launches() -> Result<()> {
+    use opsmith_host::cuda::{CudaDevice, KernelArg, LaunchConfig};
+    use opsmith_kernels::names::loss::{self, THREAD_ROW_MAX_COLS};
+    use opsmith_kernels::names::reduction;
+    let device = CudaDevice::get(0)?;
+    let stream = device.current_stream();
+    let mut rng = StdRng::seed_from_u64(24);
+    let limit = THREAD_ROW_MAX_COLS as usize;
+    let tables = [
+        (DType::F32, loss::F32, reduction::F32),
+        (DType::F16, loss::F16, reduction::F16),
+        (DType::BF16, loss::BF16, reduction::BF16),
+    ];
+    for (dtype, table, sums) in tables {
+        for (rows, cols) in
+            [(1, 2), (33, 2), (1000, 2), (1024, 3), (1025, 5), (4096, limit), (4097, 2), (300, limit + 1)]
+        {
+            let what = format!("cross_entropy {dtype} [{rows}, {cols}]");
+            let labels: Vec<u32> = (0..rows).map(|_| rng.random_range(0..cols as u32)).collect();
+            let x = random_values(&mut rng, rows * cols, dtype);
+            let xt = Tensor::from_f64(&x, [rows, cols], dtype, GPU)?;
+            let lt = Tensor::from_vec(labels.clone(), [rows], GPU)?;
+            poison_pool(rows, DType::F32, GPU)?;
+            let got = ops::cross_entropy(&xt, &Labels::new(&labels, GPU)?)?.to_vec_f64()?[0];
+
+            let losses = Tensor::full(f64::NAN, [rows], DType::F32, GPU)?;
+            let args = [
+                KernelArg::Input(&xt),
+                KernelArg::Input(&lt),
+                KernelArg::Output(&losses),
+                KernelArg::U64(rows as u64),
+                KernelArg::U64(cols as u64),
+            ];
+            let cfg = LaunchConfig { grid: (32 * rows).div_ceil(256) as u32, block: 256, shared_mem_bytes: 0 };
+            // SAFETY: (logits, labels, losses, rows, cols), with `rows * cols` logits and `rows`
+            // labels and losses; blocks of whole warps.
+            unsafe { device.kernel(table.cross_entropy)?.launch(&stream, cfg, &args)? };
+            let two = Tensor::full(f64::NAN, [], dtype, GPU)?;
+            let args = [
+                KernelArg::Input(&losses),
+                KernelArg::Output(&two),
+                KernelArg::U64(rows as u64),
+                KernelArg::F32((1.0 / rows as f64) as f32),
+            ];
+            let block = rows.clamp(1, 1024).next_multiple_of(32) as u32;
+            let one_block = LaunchConfig { grid: 1, block, shared_mem_bytes: 0 };
+            // SAFETY: (partials, out, count, scale): `rows` f32 partials, one output; one block
+            // of whole warps up to 1024, as `sum_finish` takes for `rows` partials.
+            unsafe { device.kernel(sums.sum_finish)?.launch(&stream, one_block, &args)? };
+            let want = two.to_vec_f64()?[0];
+            assert!(want.is_finite(), "{what}: the two launches gave {want}");
+            assert_eq!(got.to_bits(), want.to_bits(), "{what}: one launch {got} vs two {want}");
+
+            if cols <= limit && rows <= 4096 {
+                // A label the op would refuse: the kernel's mean is NaN.
+                let mut bad = labels.clone();
+                bad[rows / 2] = cols as u32;
+                let bad = Tensor::from_vec(bad, [rows], GPU)?;
+                let out = Tensor::full(0.0, [], dtype, GPU)?;
+                let args = [
+                    KernelArg::Input(&xt),
+                    KernelArg::Input(&bad),
+                    KernelArg::Output(&out),
+                    KernelArg::U64(rows as u64),
+                    KernelArg::U64(cols as u64),
+                    KernelArg::F32((1.0 / rows as f64) as f32),
+                ];
+                // SAFETY: (logits, labels, out, rows, cols, scale), with `rows * cols` logits,
+                // `rows` labels and one output; one block of whole warps up to 1024.
+                unsafe { device.kernel(table.cross_entropy_mean)?.launch(&stream, one_block, &args)? };
+                assert!(out.to_vec_f64()?[0].is_nan(), "{what}: a label out of range");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Operands on different devices are rejected with the op named, before any launch.
 #[test]
 fn device_mismatch_is_an_error() -> Result<()> {

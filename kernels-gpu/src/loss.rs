@@ -4,7 +4,8 @@
 //! Both forwards leave f32 partials that the reduction family's `sum_finish` turns into the
 //! mean, in a fixed order (the same bits every run): one loss per row for cross-entropy, one
 //! partial sum of squares per warp for the squared error. Both backwards read the upstream
-//! gradient `g[0]` on the device, so a training step needs no host round trip.
+//! gradient `g[0]` on the device, so a training step needs no host round trip (or, for
+//! cross-entropy, take one the host knows, folded into the scale: no tensor to fill with it).
 //!
 //! A cross-entropy row of at most [`THREAD_ROW_MAX_COLS`] classes is read by one thread, longer
 //! rows by one warp; both kernels branch on `cols` once per launch.
@@ -208,19 +209,103 @@ mod imp {
         Count<N>: Unrolled,
     {
         for r in GridStride::over(0, p.rows) {
-            // SAFETY: r < rows, so the label and the row are inside their arrays.
-            let (label, row) = unsafe {
-                let label = p.labels.add(r as usize).read() as u64;
-                (label, ThreadRow::<N>::load(p.logits.add((r * p.cols) as usize), p.cols))
-            };
-            // The label's value picked from the registers (no second, dependent load); a label
-            // of `cols` or more, which the host rejects, gives NaN, as in the warp path.
-            let picked = fold::<N, f32>(f32::NAN, |t, c| if c as u64 == label { row.values[c] } else { t });
-            let target = if label < p.cols { picked } else { f32::NAN };
-            // As in the warp path: the difference first, then ln(sum).
-            let loss = (row.max - target) + log2(row.sum) * LN_2;
+            // SAFETY: r < rows (the caller's contract covers the rest).
+            let loss = unsafe { thread_row_loss::<T, N, f32>(&p, r) };
             // SAFETY: r < rows; the thread's row is its own.
             unsafe { p.out.add(r as usize).write(loss) };
+        }
+    }
+
+    /// The cross-entropy of row `r` of at most `N` values, read by the calling thread alone.
+    ///
+    /// # Safety
+    /// `r < rows`; the entry points' contract, and `N / 2 <= cols <= N`.
+    #[inline(always)]
+    unsafe fn thread_row_loss<T: Element, const N: usize, O>(p: &Rows<T, O>, r: u64) -> f32
+    where
+        Count<N>: Unrolled,
+    {
+        // SAFETY: r < rows, so the label and the row are inside their arrays.
+        let (label, row) = unsafe {
+            let label = p.labels.add(r as usize).read() as u64;
+            (label, ThreadRow::<N>::load(p.logits.add((r * p.cols) as usize), p.cols))
+        };
+        // The label's value picked from the registers (no second, dependent load); a label
+        // of `cols` or more, which the host rejects, gives NaN, as in the warp path.
+        let picked = fold::<N, f32>(f32::NAN, |t, c| if c as u64 == label { row.values[c] } else { t });
+        let target = if label < p.cols { picked } else { f32::NAN };
+        // As in the warp path: the difference first, then ln(sum).
+        (row.max - target) + log2(row.sum) * LN_2
+    }
+
+    /// # Safety
+    /// The entry point's contract.
+    #[inline(always)]
+    pub unsafe fn cross_entropy_mean<T: Element>(p: Rows<T, T>) {
+        // SAFETY (each arm): forwarded, with N / 2 <= cols <= N as `by_row_length!` picks it.
+        // Fewer rows in flight for longer rows (each row held takes 2 registers a value): the
+        // same additions in the same order, without a stack frame.
+        if p.cols <= 1 {
+            unsafe { cross_entropy_mean_thread_rows::<T, 1, 4>(p) }
+        } else if p.cols == 2 {
+            unsafe { cross_entropy_mean_thread_rows::<T, 2, 4>(p) }
+        } else if p.cols <= 4 {
+            unsafe { cross_entropy_mean_thread_rows::<T, 4, 4>(p) }
+        } else if p.cols <= 8 {
+            unsafe { cross_entropy_mean_thread_rows::<T, 8, 2>(p) }
+        } else if p.cols <= THREAD_ROW_MAX_COLS {
+            unsafe { cross_entropy_mean_thread_rows::<T, 16, 1>(p) }
+        } else if crate::device::index::global_thread_index() == 0 {
+            // Rows this long are not for this kernel: a NaN, not a wrong mean.
+            // SAFETY: `out` is valid for one element.
+            unsafe { p.out.write(T::from_f32(f32::NAN)) };
+        }
+    }
+
+    /// The mean of rows of at most `N` values in one block, `ROWS` rows in flight a thread:
+    /// thread `t` takes rows `t, t + B, …` of the `B` threads, adds their losses (compensated) as `sum_finish` adds the partials
+    /// `t, t + B, …`, and the block adds the threads' totals as `sum_finish` does. So with the
+    /// block `sum_finish` would get, the result is the bits of `cross_entropy` and `sum_finish`.
+    ///
+    /// # Safety
+    /// The entry point's contract, and `N / 2 <= cols <= N`.
+    #[inline(always)]
+    unsafe fn cross_entropy_mean_thread_rows<T: Element, const N: usize, const ROWS: usize>(p: Rows<T, T>)
+    where
+        Count<N>: Unrolled,
+        Count<ROWS>: Unrolled,
+    {
+        use crate::device::{block::BlockReduce, math::CompensatedSum, unroll::strided_fold};
+        use core::arch::nvptx;
+        let mut block = BlockReduce::new();
+        // SAFETY: reading the special registers has no preconditions.
+        let (thread, threads) = unsafe { (nvptx::_thread_idx_x() as u64, nvptx::_block_dim_x() as u64) };
+        // SAFETY (both): r < rows; the rest is the caller's contract.
+        let acc = if ROWS == 1 {
+            // The plain loop: through `strided_fold`, LLVM keeps the longest rows' loss out of
+            // line (a call and a stack frame). The same additions in the same order.
+            let (mut acc, mut r) = (CompensatedSum::ZERO, thread);
+            while r < p.rows {
+                acc = acc.add(unsafe { thread_row_loss::<T, N, T>(&p, r) });
+                r += threads;
+            }
+            acc
+        } else {
+            strided_fold::<ROWS, f32, CompensatedSum>(
+                thread,
+                p.rows,
+                threads,
+                CompensatedSum::ZERO,
+                |r| unsafe { thread_row_loss::<T, N, T>(&p, r) },
+                CompensatedSum::add,
+            )
+        };
+        // SAFETY: every thread of the one block reaches this call once (the branch above is
+        // the same for the whole block); the block shape is the entry point's contract.
+        let total = unsafe { block.sum(acc.total()) };
+        if thread == 0 {
+            // SAFETY: `out` is valid for one element.
+            unsafe { p.out.write(T::from_f32(total * p.coef)) };
         }
     }
 
@@ -257,6 +342,7 @@ macro_rules! loss_family {
         $(#[$table_doc:meta])*
         $table:ident, $elem:ty, {
             cross_entropy: $ce:ident,
+            cross_entropy_mean: $ce_mean:ident,
             cross_entropy_backward: $ce_bwd:ident,
             mse_partials: $mse:ident,
             mse_backward: $mse_bwd:ident $(,)?
@@ -265,6 +351,7 @@ macro_rules! loss_family {
         $(#[$table_doc])*
         pub const $table: LossKernels = LossKernels {
             cross_entropy: stringify!($ce),
+            cross_entropy_mean: stringify!($ce_mean),
             cross_entropy_backward: stringify!($ce_bwd),
             mse_partials: stringify!($mse),
             mse_backward: stringify!($mse_bwd),
@@ -292,9 +379,37 @@ macro_rules! loss_family {
             unsafe { imp::cross_entropy::<$elem>(imp::Rows { logits, labels, out: losses, rows, cols, coef: 1.0 }) }
         }
 
+        /// The mean cross-entropy of a few short rows in one launch:
+        /// `out[0] = scale * (losses[0] + … + losses[rows - 1])`, rounded to the dtype, with
+        /// each row's loss as the cross-entropy kernel of this family computes it. For
+        /// `cols <= THREAD_ROW_MAX_COLS` only (longer rows give NaN).
+        ///
+        /// Thread mapping: one block; thread `t` computes the losses of rows `t, t + blockDim.x,
+        /// …` and adds them as `sum_finish` adds its partials, and the block adds the threads'
+        /// totals as `sum_finish` does. Launched with the block `sum_finish` gets for `rows`
+        /// partials, it gives the bits of the cross-entropy kernel and `sum_finish` in one
+        /// launch (a node, in a graph) instead of two.
+        ///
+        /// # Safety
+        /// `logits` is valid for `rows * cols` elements, `labels` for `rows` values, `out` for
+        /// one element, which overlaps neither; the launch is one block (`gridDim = 1`) whose
+        /// `blockDim.x` is a multiple of 32, at most 1024, with `blockDim.y = blockDim.z = 1`.
+        /// A label of `cols` or more gives a NaN mean (nothing is read for it).
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $ce_mean(
+            logits: *const $elem, labels: *const u32, out: *mut $elem, rows: u64, cols: u64, scale: f32,
+        ) {
+            crate::device::dependent_launch::prologue();
+            // SAFETY: forwarded from this kernel's contract.
+            unsafe { imp::cross_entropy_mean::<$elem>(imp::Rows { logits, labels, out, rows, cols, coef: scale }) }
+        }
+
         /// The backward of the mean cross-entropy:
         /// `gx[r, c] = (softmax(logits[r, :])[c] - (c == labels[r])) * g[0] * scale`, with
-        /// `scale = 1 / rows` for the mean.
+        /// `scale = 1 / rows` for the mean. A null `g` stands for `g[0] * scale = scale`: the
+        /// host folds a gradient it knows (a loss's seed of 1) into `scale`, so that no tensor
+        /// has to be filled with it first.
         ///
         /// Thread mapping as for the forward: for `cols <= THREAD_ROW_MAX_COLS`, one thread per
         /// row, which reads the row once and keeps its exponentials in registers for the
@@ -302,8 +417,8 @@ macro_rules! loss_family {
         /// and sum, then the gradient). Any grid is correct.
         ///
         /// # Safety
-        /// `g` is valid for one element, `logits` and `gx` for `rows * cols`, `labels` for `rows`
-        /// values; `gx` overlaps no input; `blockDim.x` is a multiple of 32.
+        /// `g` is null or valid for one element, `logits` and `gx` for `rows * cols`, `labels`
+        /// for `rows` values; `gx` overlaps no input; `blockDim.x` is a multiple of 32.
         #[cfg(target_arch = "nvptx64")]
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $ce_bwd(
@@ -311,8 +426,8 @@ macro_rules! loss_family {
         ) {
             crate::device::dependent_launch::prologue();
             use crate::device::element::Element;
-            // SAFETY: `g` is valid for one element.
-            let coef = unsafe { g.read() }.to_f32() * scale;
+            // SAFETY: a non-null `g` is valid for one element.
+            let coef = if g.is_null() { scale } else { unsafe { g.read() }.to_f32() * scale };
             // SAFETY: forwarded from this kernel's contract.
             unsafe { imp::cross_entropy_backward::<$elem>(imp::Rows { logits, labels, out: gx, rows, cols, coef }) }
         }
@@ -370,6 +485,7 @@ loss_family! {
     /// The loss kernels for f32 tensors.
     F32, f32, {
         cross_entropy: cross_entropy_f32,
+        cross_entropy_mean: cross_entropy_mean_f32,
         cross_entropy_backward: cross_entropy_backward_f32,
         mse_partials: mse_partials_f32,
         mse_backward: mse_backward_f32,
@@ -380,6 +496,7 @@ loss_family! {
     /// The loss kernels for f16 tensors (arithmetic in f32).
     F16, crate::device::element::F16, {
         cross_entropy: cross_entropy_f16,
+        cross_entropy_mean: cross_entropy_mean_f16,
         cross_entropy_backward: cross_entropy_backward_f16,
         mse_partials: mse_partials_f16,
         mse_backward: mse_backward_f16,
@@ -390,6 +507,7 @@ loss_family! {
     /// The loss kernels for bf16 tensors (arithmetic in f32).
     BF16, crate::device::element::Bf16, {
         cross_entropy: cross_entropy_bf16,
+        cross_entropy_mean: cross_entropy_mean_bf16,
         cross_entropy_backward: cross_entropy_backward_bf16,
         mse_partials: mse_partials_bf16,
         mse_backward: mse_backward_bf16,

@@ -279,6 +279,37 @@ pub struct OptimizerKernels {
         u64,
         In,
     )>,
+    /// `adam_advance` and `adam_device_group` in one launch of one block: the four slots as
+    /// for `adam_device_group`, then the state (4 f64) and the coefficients (8 f32), both
+    /// written, and the hyperparameters β1, β2, ε and the weight decay.
+    pub adam_device_group_advance: KernelDecl<(
+        Out,
+        In,
+        Out,
+        Out,
+        u64,
+        Out,
+        In,
+        Out,
+        Out,
+        u64,
+        Out,
+        In,
+        Out,
+        Out,
+        u64,
+        Out,
+        In,
+        Out,
+        Out,
+        u64,
+        Out,
+        Out,
+        f64,
+        f64,
+        f64,
+        f64,
+    )>,
     /// One step of the capturable Adam's state (4 f64) on the device, writing the 8 f32
     /// coefficients that `adam_device` reads.
     pub adam_advance: KernelDecl<(Out, Out, f64, f64, f64, f64)>,
@@ -286,13 +317,14 @@ pub struct OptimizerKernels {
 
 impl OptimizerKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 6] {
+    pub const fn all(&self) -> [&'static str; 7] {
         [
             self.sgd.name(),
             self.sgd_momentum.name(),
             self.adam.name(),
             self.adam_device.name(),
             self.adam_device_group.name(),
+            self.adam_device_group_advance.name(),
             self.adam_advance.name(),
         ]
     }
@@ -428,7 +460,10 @@ fn pick(warp: &[RowKernel], block: &[BlockRowKernel], cols: u64) -> Option<RowLa
 pub struct LossKernels {
     /// The cross-entropy of each row of logits against its label, in f32.
     pub cross_entropy: &'static str,
-    /// `(softmax(logits) - onehot(labels)) * g[0] * scale`.
+    /// The mean cross-entropy of rows of at most `THREAD_ROW_MAX_COLS` classes in one block:
+    /// `cross_entropy` and the reduction family's `sum_finish` in one launch.
+    pub cross_entropy_mean: &'static str,
+    /// `(softmax(logits) - onehot(labels)) * g[0] * scale` (a null `g` for `scale` alone).
     pub cross_entropy_backward: &'static str,
     /// One f32 partial sum of `(pred - target)^2` per warp.
     pub mse_partials: &'static str,
@@ -438,8 +473,8 @@ pub struct LossKernels {
 
 impl LossKernels {
     /// Every entry point of the table.
-    pub const fn all(&self) -> [&'static str; 4] {
-        [self.cross_entropy, self.cross_entropy_backward, self.mse_partials, self.mse_backward]
+    pub const fn all(&self) -> [&'static str; 5] {
+        [self.cross_entropy, self.cross_entropy_mean, self.cross_entropy_backward, self.mse_partials, self.mse_backward]
     }
 }
 
@@ -661,12 +696,12 @@ pub const ALL_MATMUL: [MatmulKernels; 3] = [matmul::F32, matmul::F16, matmul::BF
 /// let names: Vec<&str> = opsmith_kernels::names::all_kernel_names().collect();
 /// // Three dtypes of elementwise (with along-a-dim and random), reduction, activation,
 /// // softmax, loss, small-product (4 mappings), small linear-layer (3), linear-gradient (1)
-/// // and two-layer (2) kernels; f32 optimizers. Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1
+/// // and two-layer (2) kernels; f32 optimizers (7). Softmax, each way: 3 one-warp sizes, 1 block-per-row and 1
 /// // long kernel.
 /// // index_select and gather for six dtypes. The fused attention (two forwards and two
 /// // backward kernels at two head sizes, and one kernel that finishes dQ) for f16 and bf16.
 /// // And the benchmarks' `spin_ns`.
-/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 4 + 10) + 6 * 2 + 6 + 2 * (2 * 4 + 1) + 1);
+/// assert_eq!(names.len(), 3 * (15 + 5 + 6 + 6 + 2 * (3 + 1 + 1) + 5 + 10) + 6 * 2 + 7 + 2 * (2 * 4 + 1) + 1);
 /// assert!(names.contains(&"broadcast_scalar_f32"));
 /// ```
 #[cfg(not(target_arch = "nvptx64"))]

@@ -289,6 +289,40 @@ impl<T> AdamSlot<T> {
             first_pack: pick(later_one, later.first_pack, self.first_pack),
         }
     }
+
+    /// A grouped step's four slots from each one's `(param, grad, m, v, n)`, their packs of
+    /// `lanes` elements numbered one slot after another; and the total number of packs.
+    #[inline(always)]
+    fn group(slots: [(*mut T, *const T, *mut T, *mut T, u64); 4], lanes: u64) -> ([Self; 4], u64) {
+        let mut packs = 0;
+        let slots = slots.map(|(param, grad, m, v, n)| {
+            let slot = AdamSlot { param, grad, m, v, n, first_pack: packs };
+            packs += n.div_ceil(lanes);
+            slot
+        });
+        (slots, packs)
+    }
+}
+
+/// [`adam`] over flat pack `flat` of a grouped step's `slots` ([`AdamSlot::group`]), which
+/// picks its slot by comparisons and selects. (The slots are indexed by constants only: an
+/// array indexed by a run-time value would live on the stack.)
+///
+/// # Safety
+/// `flat` is below the group's pack count; each slot's pointers are valid for its `n` elements
+/// and aligned to `T`; no other thread accesses this pack's elements, and no slot's buffers
+/// overlap another's or its own gradient.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn adam_group_pack<T: crate::device::element::Element>(
+    slots: &[AdamSlot<T>; 4],
+    flat: u64,
+    c: &AdamCoefficients<f32>,
+) {
+    let slot = slots[0].or_from(slots[1], flat).or_from(slots[2], flat).or_from(slots[3], flat);
+    // SAFETY: `slot` is the slot holding flat pack `flat`, so the pack is one of its
+    // `n.div_ceil(LANES)`; the rest is the caller's contract.
+    unsafe { adam_pack(slot, flat - slot.first_pack, c) }
 }
 
 /// [`adam`] over pack `pack` of `slot` (its elements `LANES * pack ..`, up to `LANES` of them).
@@ -369,6 +403,7 @@ macro_rules! optimizer_family {
             adam: $adam:ident,
             adam_device: $adam_device:ident,
             adam_device_group: $adam_device_group:ident,
+            adam_device_group_advance: $adam_device_group_advance:ident,
             adam_advance: $adam_advance:ident $(,)?
         }
     ) => {
@@ -380,6 +415,7 @@ macro_rules! optimizer_family {
             adam: $adam,
             adam_device: $adam_device,
             adam_device_group: $adam_device_group,
+            adam_device_group_advance: $adam_device_group_advance,
             adam_advance: $adam_advance,
         };
 
@@ -577,21 +613,115 @@ macro_rules! optimizer_family {
                 // contract); an array of f32 needs only f32's alignment. Read once, before the
                 // loop: these loads are still in flight when the first pack's are issued.
                 let c = AdamCoefficients::from_array(unsafe { coefficients.cast::<[f32; 8]>().read() });
-                // The slots written out, not an array indexed by the slot number: a local array
-                // indexed by a run-time value lives on the stack.
                 let lanes = <$elem as crate::device::element::Element>::LANES as u64;
-                let s0 = AdamSlot { param: param_0, grad: grad_0, m: m_0, v: v_0, n: n_0, first_pack: 0 };
-                let s1 = AdamSlot { param: param_1, grad: grad_1, m: m_1, v: v_1, n: n_1, first_pack: s0.first_pack + n_0.div_ceil(lanes) };
-                let s2 = AdamSlot { param: param_2, grad: grad_2, m: m_2, v: v_2, n: n_2, first_pack: s1.first_pack + n_1.div_ceil(lanes) };
-                let s3 = AdamSlot { param: param_3, grad: grad_3, m: m_3, v: v_3, n: n_3, first_pack: s2.first_pack + n_2.div_ceil(lanes) };
-                let packs = s3.first_pack + n_3.div_ceil(lanes);
+                let (slots, packs) = AdamSlot::group(
+                    [
+                        (param_0, grad_0, m_0, v_0, n_0),
+                        (param_1, grad_1, m_1, v_1, n_1),
+                        (param_2, grad_2, m_2, v_2, n_2),
+                        (param_3, grad_3, m_3, v_3, n_3),
+                    ],
+                    lanes,
+                );
                 for flat in crate::device::index::GridStride::over(0, packs) {
-                    let slot = s0.or_from(s1, flat).or_from(s2, flat).or_from(s3, flat);
-                    // SAFETY: `slot` is the slot holding flat pack `flat`, so the pack is one of
-                    // its `n.div_ceil(LANES)`; its pointers are valid and aligned, and its
+                    // SAFETY: flat < packs; the slots' pointers are valid and aligned, and their
                     // buffers overlap nothing else (this kernel's contract); the grid stride
                     // gives each flat pack to one thread.
-                    unsafe { adam_pack(slot, flat - slot.first_pack, &c) };
+                    unsafe { adam_group_pack(&slots, flat, &c) };
+                }
+            }
+        }
+
+        crate::kernel! {
+            /// One whole capturable Adam step of up to four parameters in one launch of one
+            /// block: the `adam_advance` of this family (the state's next step and that step's
+            /// coefficients, in f64 by [`AdamProgress::advance`], written back to `state` and,
+            /// rounded to f32, to `coefficients`), then the `adam_device_group` update of the
+            /// four slots with those coefficients. The same bits as the two launches; one graph
+            /// node instead of two for a model whose parameters fit one group.
+            ///
+            /// Thread mapping: every thread of the block reads `state` and works out the step's
+            /// coefficients itself; after a barrier (every thread has read the state) thread 0
+            /// writes the new state and the coefficients. The threads then stride over the
+            /// group's flat pack index as the `adam_device_group` kernel's do, by the block's
+            /// size. Blocks other than block 0 do nothing: launch one block (of a multiple of
+            /// 32 threads, up to 1024; one pack a thread is the quickest).
+            ///
+            /// # Safety
+            /// `state` is valid for 4 f64 and `coefficients` for 8 f32, each aligned to its
+            /// element type; they overlap each other and no slot's buffers, and nothing else
+            /// reads or writes them during the launch. For each slot, as for the
+            /// `adam_device_group` kernel of this family.
+            pub unsafe fn $adam_device_group_advance(
+                param_0: *mut [$elem; n_0],
+                grad_0: *const [$elem; n_0],
+                m_0: *mut [$elem; n_0],
+                v_0: *mut [$elem; n_0],
+                n_0: u64,
+                param_1: *mut [$elem; n_1],
+                grad_1: *const [$elem; n_1],
+                m_1: *mut [$elem; n_1],
+                v_1: *mut [$elem; n_1],
+                n_1: u64,
+                param_2: *mut [$elem; n_2],
+                grad_2: *const [$elem; n_2],
+                m_2: *mut [$elem; n_2],
+                v_2: *mut [$elem; n_2],
+                n_2: u64,
+                param_3: *mut [$elem; n_3],
+                grad_3: *const [$elem; n_3],
+                m_3: *mut [$elem; n_3],
+                v_3: *mut [$elem; n_3],
+                n_3: u64,
+                state: *mut [f64; 4],
+                coefficients: *mut [f32; 8],
+                beta1: f64,
+                beta2: f64,
+                eps: f64,
+                weight_decay: f64,
+            ) {
+                use core::arch::nvptx;
+                // SAFETY: reading the special registers has no preconditions.
+                let (block, thread, threads) =
+                    unsafe { (nvptx::_block_idx_x(), nvptx::_thread_idx_x() as u64, nvptx::_block_dim_x() as u64) };
+                // A second block could read the state after the first wrote the next one.
+                if block != 0 {
+                    return;
+                }
+                let hyper = AdamHyper { beta1, beta2, eps, weight_decay };
+                // SAFETY: `state` holds 4 f64 that no other launch touches meanwhile (this
+                // kernel's contract); arrays need only their element's alignment.
+                let mut progress = AdamProgress::from_array(unsafe { state.cast::<[f64; 4]>().read() });
+                let next = progress.advance(&hyper);
+                // `as` rounds to nearest (`cvt.rn.f32.f64`), as the host and `adam_advance` do.
+                let c = next.map(|x| x as f32);
+                // SAFETY: the whole block reaches the barrier (only other blocks returned).
+                unsafe { nvptx::_syncthreads() };
+                if thread == 0 {
+                    // SAFETY: every thread has read the state (the barrier); thread 0 alone
+                    // writes both buffers, which are valid, aligned and disjoint.
+                    unsafe {
+                        state.cast::<[f64; 4]>().write(progress.to_array());
+                        coefficients.cast::<[f32; 8]>().write(c.to_array());
+                    }
+                }
+                let lanes = <$elem as crate::device::element::Element>::LANES as u64;
+                let (slots, packs) = AdamSlot::group(
+                    [
+                        (param_0, grad_0, m_0, v_0, n_0),
+                        (param_1, grad_1, m_1, v_1, n_1),
+                        (param_2, grad_2, m_2, v_2, n_2),
+                        (param_3, grad_3, m_3, v_3, n_3),
+                    ],
+                    lanes,
+                );
+                let mut flat = thread;
+                while flat < packs {
+                    // SAFETY: flat < packs; the slots' pointers are valid and aligned, and their
+                    // buffers overlap nothing else (this kernel's contract); the block's stride
+                    // gives each flat pack to one thread, and only this block runs.
+                    unsafe { adam_group_pack(&slots, flat, &c) };
+                    flat += threads;
                 }
             }
         }
@@ -645,6 +775,7 @@ optimizer_family! {
         adam: adam_f32,
         adam_device: adam_device_f32,
         adam_device_group: adam_device_group_f32,
+        adam_device_group_advance: adam_device_group_advance_f32,
         adam_advance: adam_advance_f32,
     }
 }

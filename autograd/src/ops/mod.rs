@@ -823,9 +823,19 @@ pub fn cross_entropy(logits: &Var, labels: &Labels) -> Result<Var> {
     let out = host::cross_entropy(logits.value(), labels)?;
     record_or_constant!("cross_entropy", Traced::CrossEntropy(labels.clone()), &[logits], out, |tape| {
         let (saved, labels) = (logits.value().clone(), labels.clone());
-        tape.record("cross_entropy", &[logits], out, &[&saved.clone()], move |g| {
-            Ok(vec![Some(host::cross_entropy_backward(g, &saved, &labels)?)])
-        })
+        let (uniform_saved, uniform_labels) = (saved.clone(), labels.clone());
+        tape.record_with_uniform(
+            "cross_entropy",
+            &[logits],
+            out,
+            &[&saved.clone()],
+            move |g| Ok(vec![Some(host::cross_entropy_backward(g, &saved, &labels)?)]),
+            // A loss's seed (or a scaled one) goes to the kernel as a scalar: no gradient
+            // tensor to fill first.
+            move |v| {
+                Ok(vec![Some(Grad::Tensor(host::cross_entropy_backward_scalar(v, &uniform_saved, &uniform_labels)?))])
+            },
+        )
     })
 }
 

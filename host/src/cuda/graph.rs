@@ -35,8 +35,9 @@
 //! A stream runs its work one item after another, but much of a training step is independent:
 //! the gradients of a layer's weight and bias, the optimizer's step count and the forward pass.
 //! A capture records each of opsmith's kernels (and each [`Kernel::launch`](super::Kernel::launch))
-//! after only the nodes it must follow: the last node that wrote memory it uses, and for memory
-//! it writes, the nodes that read it since. Both launch paths know every buffer a kernel reads
+//! after only the nodes it must follow: for memory it reads, the last node that wrote it; for
+//! memory it writes, the nodes that read it since that write (each of which follows the
+//! writer), or the writer if none did. Both launch paths know every buffer a kernel reads
 //! and writes, so a replay may run independent kernels at the same time on different SMs, and
 //! [`Graph::depth`] (the longest chain) is what bounds a replay's time rather than
 //! [`Graph::node_count`]. The results are the same bits: only the order of independent work
@@ -391,8 +392,8 @@ impl ActiveCapture {
 
     /// Before an exact launch (one kernel that touches exactly `footprint`: each storage's base
     /// address and whether it is written): makes the capture record it after only the nodes it
-    /// must follow, the last writer of each storage it uses and, for a storage it writes, the
-    /// readers since. Returns whether it did; if so, call [`end_exact`](Self::end_exact) once the
+    /// must follow: for a storage it reads, the last writer; for one it writes, the readers since
+    /// that write, or the writer if none. Returns whether it did; if so, call [`end_exact`](Self::end_exact) once the
     /// kernel is queued.
     pub(crate) fn begin_exact(&self, footprint: &[(u64, bool)]) -> Result<bool> {
         let mut b = self.branches.lock();
@@ -415,9 +416,14 @@ impl ActiveCapture {
         };
         for (base, write) in footprint {
             if let Some(access) = b.memory.get(base) {
-                access.writer.into_iter().for_each(&mut add);
-                if *write {
+                // A write waits for the readers since the last write, which each waited for that
+                // write, so an edge from the writer too would be redundant (with programmatic
+                // edges too: each kernel's prologue waits for the nodes it follows). With no
+                // readers, it waits for the writer itself.
+                if *write && !access.readers.is_empty() {
                     access.readers.iter().copied().for_each(&mut add);
+                } else {
+                    access.writer.into_iter().for_each(&mut add);
                 }
             }
         }
@@ -510,6 +516,7 @@ pub struct Graph {
     _kept: Vec<Arc<dyn Any + Send + Sync>>,
     nodes: usize,
     depth: usize,
+    edges: usize,
     programmatic_edges: usize,
 }
 
@@ -523,6 +530,7 @@ impl std::fmt::Debug for Graph {
             .field("stream", &self.stream)
             .field("nodes", &self.nodes)
             .field("depth", &self.depth)
+            .field("edges", &self.edges)
             .field("programmatic_edges", &self.programmatic_edges)
             .field("pool_bytes", &self.pool.bytes())
             .finish()
@@ -629,7 +637,7 @@ impl Graph {
             Err(source) => return Err(capture_failure(device, source).into()),
         };
         let nodes = node_count(&exec);
-        let (depth, programmatic_edges) = graph_shape(&exec);
+        let GraphShape { depth, edges, programmatic_edges } = graph_shape(&exec);
         exec.upload().map_err(|source| device.driver_error("cuGraphUpload", source))?;
         let graph = Graph {
             exec,
@@ -639,6 +647,7 @@ impl Graph {
             _kept: state.kept,
             nodes,
             depth,
+            edges,
             programmatic_edges,
         };
         Ok((graph, value))
@@ -725,6 +734,33 @@ impl Graph {
         self.depth
     }
 
+    /// How many dependencies the graph holds: each an edge from a node to one that waits for
+    /// it. A capture records only the edges the data needs (see the [module docs](self)), so a
+    /// chain of `n` kernels has `n - 1`.
+    ///
+    /// ```
+    /// # fn main() -> opsmith_host::Result<()> {
+    /// # if !opsmith_host::Device::cuda_if_available().is_cuda() { return Ok(()); }
+    /// use opsmith_host::{Tensor, cuda::{CudaDevice, Graph}, ops};
+    /// let dev = CudaDevice::get(0)?;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], dev.device())?;
+    /// // Each add reads the one before: 4 nodes in a row, 3 edges.
+    /// let (graph, y) = Graph::capture(&dev, || {
+    ///     let mut y = x.clone();
+    ///     for _ in 0..4 {
+    ///         y = ops::add(&y, &x)?;
+    ///     }
+    ///     Ok::<_, opsmith_host::Error>(y)
+    /// })?;
+    /// graph.replay()?;
+    /// assert_eq!(y.to_vec::<f32>()?, [5.0, 10.0]);
+    /// assert_eq!((graph.node_count(), graph.edge_count()), (4, 3));
+    /// # Ok(()) }
+    /// ```
+    pub fn edge_count(&self) -> usize {
+        self.edges
+    }
+
     /// How many of the graph's edges are programmatic: the dependent node may be launched
     /// before the node it follows has finished, and waits for it before touching memory (see
     /// [Dependent launch](self#dependent-launch)). 0 before sm_90, with
@@ -773,20 +809,30 @@ impl Graph {
     }
 }
 
-/// The longest chain of dependent nodes in a captured graph, and how many of its edges are
-/// programmatic (both 0 if the driver does not say). The edge query is the one that returns
-/// each edge's data: the plain one refuses a graph with programmatic edges as lossy.
-fn graph_shape(exec: &cudarc::driver::CudaGraph) -> (usize, usize) {
+/// What [`graph_shape`] reads of a captured graph (all 0 if the driver does not say).
+#[derive(Debug, Default, PartialEq)]
+struct GraphShape {
+    /// The longest chain of dependent nodes.
+    depth: usize,
+    edges: usize,
+    /// Of `edges`, those that are programmatic.
+    programmatic_edges: usize,
+}
+
+/// The shape of a captured graph: its longest chain, its edges and how many of them are
+/// programmatic. The edge query is the one that returns each edge's data: the plain one refuses
+/// a graph with programmatic edges as lossy.
+fn graph_shape(exec: &cudarc::driver::CudaGraph) -> GraphShape {
     let graph = exec.cu_graph();
     let mut count = 0usize;
     // SAFETY: the graph is live; a null node array asks only for the count.
     if unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }.result().is_err() {
-        return (0, 0);
+        return GraphShape::default();
     }
     let mut nodes = vec![std::ptr::null_mut(); count];
     // SAFETY: `nodes` has room for `count` nodes.
     if unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.result().is_err() {
-        return (0, 0);
+        return GraphShape::default();
     }
     // Edge data came with CUDA 12.3; before it no graph of ours has programmatic edges.
     let with_data = super::driver_at_least(12, 3);
@@ -805,23 +851,27 @@ fn graph_shape(exec: &cudarc::driver::CudaGraph) -> (usize, usize) {
         };
     let mut edges = 0usize;
     if !get_edges(std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), &mut edges) {
-        return (0, 0);
+        return GraphShape::default();
     }
     // No edges: every node is a chain of one. (Asking for zero edges into empty arrays is an
     // invalid value to the driver.)
     if edges == 0 {
-        return (depth_of(count, &[]), 0);
+        return GraphShape { depth: depth_of(count, &[]), ..GraphShape::default() };
     }
     let (mut from, mut to) = (vec![std::ptr::null_mut(); edges], vec![std::ptr::null_mut(); edges]);
     let mut data = vec![sys::CUgraphEdgeData { from_port: 0, to_port: 0, type_: 0, reserved: [0; 5] }; edges];
     if !get_edges(from.as_mut_ptr(), to.as_mut_ptr(), data.as_mut_ptr(), &mut edges) {
-        return (0, 0);
+        return GraphShape::default();
     }
     let index: HashMap<sys::CUgraphNode, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let pairs: Vec<(usize, usize)> =
         from.iter().zip(&to).filter_map(|(f, t)| Some((*index.get(f)?, *index.get(t)?))).collect();
     let programmatic = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
-    (depth_of(count, &pairs), data[..edges].iter().filter(|e| e.type_ == programmatic).count())
+    GraphShape {
+        depth: depth_of(count, &pairs),
+        edges,
+        programmatic_edges: data[..edges].iter().filter(|e| e.type_ == programmatic).count(),
+    }
 }
 
 /// The number of nodes on the longest path of a DAG of `nodes` nodes with edges `pairs`

@@ -9,16 +9,15 @@ use super::check;
 #[cfg(feature = "cuda")]
 use super::cuda::{check_launch_len, dtype_table};
 #[cfg(feature = "cuda")]
-use super::reduce::{cuda_device, finish_sum, launch, reduce_partials};
+use super::reduce::{cuda_device, finish_block, finish_sum, launch, reduce_partials};
 #[cfg(feature = "cuda")]
 use super::softmax::launch_rows;
 use super::softmax::{reciprocal_or_zero, row_max_sum};
-#[cfg(feature = "cuda")]
 use crate::DType;
 #[cfg(feature = "cuda")]
 use crate::cuda::CudaDevice;
 #[cfg(feature = "cuda")]
-use crate::cuda::KernelArg;
+use crate::cuda::{KernelArg, LaunchConfig};
 use crate::dtype::{Accumulator, with_float_type};
 use crate::{Device, Element, Error, Labels, Result, Shape, Tensor};
 #[cfg(feature = "cuda")]
@@ -45,6 +44,12 @@ unsafe fn launch_cross_entropy(
         unsafe { launch_rows(device, name, rows, args) }
     }
 }
+
+/// The most rows whose mean cross-entropy one block computes, in one launch
+/// (`cross_entropy_mean`, for rows of up to `THREAD_ROW_MAX_COLS` classes): four rows a thread
+/// of 1024, one batch of loads. More rows take the cross-entropy kernel and `sum_finish`.
+#[cfg(feature = "cuda")]
+const ONE_BLOCK_MEAN_ROWS: usize = 4096;
 
 /// Checks logits `[rows, classes]` against their labels and returns (rows, classes).
 fn classification(op: &'static str, logits: &Tensor, labels: &Labels) -> Result<(usize, usize)> {
@@ -97,7 +102,8 @@ fn host_labels<'a>(op: &'static str, labels: &'a Labels) -> Result<&'a [u32]> {
 ///
 /// On CUDA the log-softmax is fused in: one kernel reads each row once (one thread per row of
 /// up to [`THREAD_ROW_MAX_COLS`](opsmith_kernels::names::loss::THREAD_ROW_MAX_COLS) classes,
-/// one warp per longer row), then one block averages the per-row losses.
+/// one warp per longer row), then one block averages the per-row losses. Up to 4096 rows of
+/// at most that many classes, one block does both in one launch, with the same bits.
 ///
 /// ```
 /// # fn main() -> opsmith_host::Result<()> {
@@ -123,8 +129,29 @@ pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
             let table = dtype_table("cross_entropy", logits, ALL_LOSS)?;
             check_launch_len("cross_entropy", logits.elem_count(), logits.dtype())?;
             let device = cuda_device("cross_entropy", logits)?;
-            let losses = Tensor::empty(Shape::from(rows), DType::F32, logits.device())?;
             let out = Tensor::empty(Shape::from(Vec::new()), logits.dtype(), logits.device())?;
+            let scale = 1.0 / rows as f64;
+            if classes as u64 <= THREAD_ROW_MAX_COLS && rows <= ONE_BLOCK_MEAN_ROWS {
+                labels.with_device_ptr("cross_entropy", &device.current_stream(), |labels| {
+                    let kernel = device.kernel(table.cross_entropy_mean)?;
+                    let cfg = LaunchConfig { grid: 1, block: finish_block(rows), shared_mem_bytes: 0 };
+                    let args = [
+                        KernelArg::Input(logits),
+                        KernelArg::U64(labels),
+                        KernelArg::Output(&out),
+                        KernelArg::U64(rows as u64),
+                        KernelArg::U64(classes as u64),
+                        KernelArg::F32(scale as f32),
+                    ];
+                    // SAFETY: cross_entropy_mean kernels take (logits, labels, out, rows, cols,
+                    // scale); logits hold rows * classes elements, labels one value per row, out
+                    // one element; one block of a multiple of 32 threads up to 1024, and
+                    // classes <= THREAD_ROW_MAX_COLS, as the kernel requires.
+                    unsafe { kernel.launch(&device.current_stream(), cfg, &args) }
+                })?;
+                return Ok(out);
+            }
+            let losses = Tensor::empty(Shape::from(rows), DType::F32, logits.device())?;
             labels.with_device_ptr("cross_entropy", &device.current_stream(), |labels| {
                 let args = [
                     KernelArg::Input(logits),
@@ -137,7 +164,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Labels) -> Result<Tensor> {
                 // hold rows * classes elements, labels and losses one value per row.
                 unsafe { launch_cross_entropy(&device, table.cross_entropy, rows, classes, &args) }
             })?;
-            finish_sum("cross_entropy", &losses, rows, 1.0 / rows as f64, &out)?;
+            finish_sum("cross_entropy", &losses, rows, scale, &out)?;
             Ok(out)
         }
         #[cfg(not(feature = "cuda"))]
@@ -178,13 +205,60 @@ fn cross_entropy_cpu(logits: &Tensor, labels: &[u32], classes: usize) -> Result<
 /// ```
 #[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // rows are for the CUDA half
 pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> Result<Tensor> {
+    cross_entropy_backward_of(Upstream::Tensor(g), logits, labels)
+}
+
+/// [`cross_entropy_backward`] with an upstream gradient the host knows (a loss's seed of 1, a
+/// scaled loss's factor): the same values, bit for bit, as `g` filled into a one-element
+/// tensor of the logits' dtype, with no tensor filled on the device first (on CUDA one kernel
+/// launch and no fill: in a captured graph, one node instead of two).
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::{ops, Device, Labels, Tensor};
+/// let logits = Tensor::from_vec(vec![0.0f32, 0.0], [1, 2], Device::Cpu)?;
+/// let labels = Labels::new(&[1], Device::Cpu)?;
+/// let gx = ops::cross_entropy_backward_scalar(2.0, &logits, &labels)?;
+/// assert_eq!(gx.to_vec::<f32>()?, [1.0, -1.0]); // ([0.5, 0.5] - [0, 1]) * 2
+/// # Ok(()) }
+/// ```
+pub fn cross_entropy_backward_scalar(g: f64, logits: &Tensor, labels: &Labels) -> Result<Tensor> {
+    cross_entropy_backward_of(Upstream::Known(g), logits, labels)
+}
+
+/// The upstream gradient of a loss's backward.
+#[derive(Clone, Copy)]
+enum Upstream<'a> {
+    /// A one-element tensor (checked), read where the work runs.
+    Tensor(&'a Tensor),
+    /// A value the host knows.
+    Known(f64),
+}
+
+impl Upstream<'_> {
+    /// The value as the loss's dtype holds it (a known value rounded as a fill rounds it), read
+    /// to the host: for the CPU path.
+    fn host_value(self, dtype: DType) -> Result<f64> {
+        match self {
+            Upstream::Tensor(g) => Ok(g.to_vec_f64()?[0]),
+            Upstream::Known(g) => {
+                Tensor::from_f64(&[g], Shape::from(Vec::new()), dtype, Device::Cpu)?.to_vec_f64().map(|v| v[0])
+            }
+        }
+    }
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))] // rows are for the CUDA half
+fn cross_entropy_backward_of(g: Upstream<'_>, logits: &Tensor, labels: &Labels) -> Result<Tensor> {
     let (rows, classes) = classification("cross_entropy_backward", logits, labels)?;
-    scalar_gradient("cross_entropy_backward", g, logits)?;
+    if let Upstream::Tensor(g) = g {
+        scalar_gradient("cross_entropy_backward", g, logits)?;
+    }
     match logits.device() {
         Device::Cpu => {
             check::cpu_work("cross_entropy_backward")?;
             let labels = host_labels("cross_entropy_backward", labels)?;
-            cross_entropy_backward_cpu(g, logits, labels, classes)
+            cross_entropy_backward_cpu(g.host_value(logits.dtype())?, logits, labels, classes)
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
@@ -192,18 +266,26 @@ pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> R
             check_launch_len("cross_entropy_backward", logits.elem_count(), logits.dtype())?;
             let device = cuda_device("cross_entropy_backward", logits)?;
             let out = Tensor::empty(logits.shape().clone(), logits.dtype(), logits.device())?;
+            let scale = (1.0 / rows as f64) as f32;
+            // A known gradient is folded into the scale on the host, in the f32 multiply the
+            // kernel does with a read one (the same bits), and `g` is passed as null.
+            let (g, scale) = match g {
+                Upstream::Tensor(g) => (KernelArg::Input(g), scale),
+                Upstream::Known(_) => (KernelArg::U64(0), g.host_value(logits.dtype())? as f32 * scale),
+            };
             labels.with_device_ptr("cross_entropy_backward", &device.current_stream(), |labels| {
                 let args = [
-                    KernelArg::Input(g),
+                    g,
                     KernelArg::Input(logits),
                     KernelArg::U64(labels),
                     KernelArg::Output(&out),
                     KernelArg::U64(rows as u64),
                     KernelArg::U64(classes as u64),
-                    KernelArg::F32((1.0 / rows as f64) as f32),
+                    KernelArg::F32(scale),
                 ];
                 // SAFETY: cross_entropy_backward kernels take (g, logits, labels, gx, rows, cols,
-                // scale); g holds one element, logits and gx rows * classes, labels one per row.
+                // scale); g is null or holds one element, logits and gx rows * classes, labels
+                // one per row.
                 unsafe { launch_cross_entropy(&device, table.cross_entropy_backward, rows, classes, &args) }
             })?;
             Ok(out)
@@ -214,8 +296,8 @@ pub fn cross_entropy_backward(g: &Tensor, logits: &Tensor, labels: &Labels) -> R
 }
 
 /// In f64, each output rounded once.
-fn cross_entropy_backward_cpu(g: &Tensor, logits: &Tensor, labels: &[u32], classes: usize) -> Result<Tensor> {
-    let coef = g.to_vec_f64()?[0] / labels.len() as f64;
+fn cross_entropy_backward_cpu(g: f64, logits: &Tensor, labels: &[u32], classes: usize) -> Result<Tensor> {
+    let coef = g / labels.len() as f64;
     let xs = logits.to_vec_f64()?;
     let mut out = Vec::with_capacity(xs.len());
     for (z, &label) in xs.chunks(classes).zip(labels) {

@@ -56,11 +56,11 @@ pub use index::{
     argmax, broadcast_shape, gather, gather_backward, index_select, index_select_backward, max_dim, sum_dim,
     sum_to_shape,
 };
-pub use loss::{cross_entropy, cross_entropy_backward, mse_loss, mse_loss_backward};
+pub use loss::{cross_entropy, cross_entropy_backward, cross_entropy_backward_scalar, mse_loss, mse_loss_backward};
 pub use matmul::{SMALL_PRODUCT_MACS, linear, linear_grads, linear_relu, matmul, matmul_into, matmul_t, matmul_t_into};
 pub use optim::{
-    AdamCoefficients, AdamHyper, AdamProgress, AdamState, AdamStep, AdamTensors, SgdStep, adam_step, adam_step_device,
-    adam_step_device_group, sgd_step,
+    AdamCoefficients, AdamHyper, AdamProgress, AdamState, AdamStep, AdamTensors, SgdStep, adam_advance_step_group,
+    adam_step, adam_step_device, adam_step_device_group, sgd_step,
 };
 pub use reduce::{add_row, expand_scalar, mean, sum, sum_rows};
 pub use softmax::{softmax, softmax_backward};

@@ -628,26 +628,7 @@ const GROUP_SLOTS: usize = 4;
 /// ```
 pub fn adam_step_device_group(slots: &[AdamTensors<'_>], state: &AdamState) -> Result<()> {
     let op = "adam_step_device_group";
-    for AdamTensors { param, grad, m, v } in slots {
-        check_operands(op, &[param, grad, m, v])?;
-        if param.device() != state.device {
-            return Err(Error::DeviceMismatch { op, lhs: param.device(), rhs: state.device });
-        }
-        check::elementwise(op, &[param, grad, m, v], &[param, m, v])?;
-    }
-    // Distinct parameters: what one slot writes overlaps nothing of another slot.
-    for (k, slot) in slots.iter().enumerate() {
-        for other in &slots[..k] {
-            let clash = |writer: &AdamTensors<'_>, reader: &AdamTensors<'_>| {
-                [writer.param, writer.m, writer.v]
-                    .iter()
-                    .any(|w| [reader.param, reader.grad, reader.m, reader.v].iter().any(|r| check::overlaps(w, r)))
-            };
-            if clash(slot, other) || clash(other, slot) {
-                return Err(Error::Overlap { op, output: k });
-            }
-        }
-    }
+    check_group(op, slots, state)?;
     let not_advanced =
         || Error::InvalidArgument { op, reason: "its AdamState has no step yet: call AdamState::advance first".into() };
     match &state.place {
@@ -670,6 +651,144 @@ pub fn adam_step_device_group(slots: &[AdamTensors<'_>], state: &AdamState) -> R
     }
 }
 
+/// A whole Adam step: [`AdamState::advance`] with `hyper`, then [`adam_step_device_group`] over
+/// `slots`, with the same results bit for bit. On CUDA, parameters that fit one launch of the
+/// grouped kernel and one block (at most four, of at most 1024 packs of 4 f32 together, each
+/// parameter rounded up to whole packs: up to 4096 elements, a small model's) take a single
+/// launch for both, which in a captured graph is one node instead of two;
+/// others take the two calls' launches. Every check of both calls comes first: on an error the
+/// state has not moved either. An empty `slots` advances the state only.
+///
+/// ```
+/// # fn main() -> opsmith_host::Result<()> {
+/// use opsmith_host::ops::{self, AdamHyper, AdamState, AdamTensors};
+/// use opsmith_host::{DType, Device, Tensor};
+/// let device = Device::cuda_if_available();
+/// let w = Tensor::from_vec(vec![1.0f32, -1.0, 0.5], [3], device)?;
+/// let g = Tensor::from_vec(vec![0.5f32, -3.0, 0.0], [3], device)?;
+/// let (m, v) = (Tensor::zeros([3], DType::F32, device)?, Tensor::zeros([3], DType::F32, device)?);
+/// let state = AdamState::new(0.125, device)?;
+/// let hyper = AdamHyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+/// ops::adam_advance_step_group(&[AdamTensors { param: &w, grad: &g, m: &m, v: &v }], &state, &hyper)?;
+/// assert_eq!(state.step()?, 1);
+/// // The first step moves each parameter by about lr against its gradient's sign.
+/// let moved: Vec<f32> = w.to_vec::<f32>()?.iter().zip([1.0f32, -1.0, 0.5]).map(|(a, b)| a - b).collect();
+/// assert!(moved.iter().zip([-0.125f32, 0.125, 0.0]).all(|(a, b)| (a - b).abs() < 1e-6));
+/// # Ok(()) }
+/// ```
+pub fn adam_advance_step_group(slots: &[AdamTensors<'_>], state: &AdamState, hyper: &AdamHyper) -> Result<()> {
+    let op = "adam_advance_step_group";
+    validate_hyper(op, hyper)?;
+    check_group(op, slots, state)?;
+    #[cfg(feature = "cuda")]
+    if let Place::Cuda { progress, coefficients, advanced, empty } = &state.place {
+        let packs = group_packs(op, slots)?;
+        if slots.is_empty() || slots.len() > GROUP_SLOTS || packs > ONE_BLOCK_PACKS {
+            launch_advance(progress, coefficients, hyper)?;
+            advanced.store(true, Ordering::Release);
+            return slots.chunks(GROUP_SLOTS).try_for_each(|group| launch_group(op, group, coefficients, empty));
+        }
+        launch_group_advance(slots, packs, (progress, coefficients, empty), hyper)?;
+        advanced.store(true, Ordering::Release);
+        return Ok(());
+    }
+    state.advance(hyper)?;
+    adam_step_device_group(slots, state)
+}
+
+/// The checks of a grouped step: each parameter's operands as [`adam_step_device`] checks
+/// them, and no two parameters sharing memory.
+fn check_group(op: &'static str, slots: &[AdamTensors<'_>], state: &AdamState) -> Result<()> {
+    for AdamTensors { param, grad, m, v } in slots {
+        check_operands(op, &[param, grad, m, v])?;
+        if param.device() != state.device {
+            return Err(Error::DeviceMismatch { op, lhs: param.device(), rhs: state.device });
+        }
+        check::elementwise(op, &[param, grad, m, v], &[param, m, v])?;
+    }
+    // Distinct parameters: what one slot writes overlaps nothing of another slot.
+    for (k, slot) in slots.iter().enumerate() {
+        for other in &slots[..k] {
+            let clash = |writer: &AdamTensors<'_>, reader: &AdamTensors<'_>| {
+                [writer.param, writer.m, writer.v]
+                    .iter()
+                    .any(|w| [reader.param, reader.grad, reader.m, reader.v].iter().any(|r| check::overlaps(w, r)))
+            };
+            if clash(slot, other) || clash(other, slot) {
+                return Err(Error::Overlap { op, output: k });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The most 16-byte packs (4 f32 each) a whole step in one launch takes: one block, a thread a
+/// pack.
+#[cfg(feature = "cuda")]
+const ONE_BLOCK_PACKS: u64 = 1024;
+
+/// The 16-byte packs of a group's checked f32 parameters, each one's last possibly partial.
+#[cfg(feature = "cuda")]
+fn group_packs(op: &'static str, group: &[AdamTensors<'_>]) -> Result<u64> {
+    let mut packs = 0u64;
+    for s in group {
+        packs += super::cuda::check_launch_len(op, s.param.elem_count(), DType::F32)?.div_ceil(4);
+    }
+    Ok(packs)
+}
+
+/// One launch of `adam_device_group_advance` over up to four checked f32 parameters of `packs`
+/// packs (at most [`ONE_BLOCK_PACKS`]): one block, a thread a pack. `empty` fills the unused
+/// slots.
+#[cfg(feature = "cuda")]
+fn launch_group_advance(
+    group: &[AdamTensors<'_>],
+    packs: u64,
+    (progress, coefficients, empty): (&Tensor, &Tensor, &Tensor),
+    hyper: &AdamHyper,
+) -> Result<()> {
+    use crate::cuda::{Grid, LaunchConfig};
+    let unused = AdamTensors { param: empty, grad: empty, m: empty, v: empty };
+    let slot = |k: usize| group.get(k).copied().unwrap_or(unused);
+    let [a, b, c, d] = [slot(0), slot(1), slot(2), slot(3)];
+    let len = |s: AdamTensors<'_>| s.param.elem_count() as u64;
+    // A whole number of warps, 32 to 1024 threads (`packs <= ONE_BLOCK_PACKS`).
+    let block = (packs.div_ceil(32) * 32).clamp(32, ONE_BLOCK_PACKS) as u32;
+    let AdamHyper { beta1, beta2, eps, weight_decay } = *hyper;
+    crate::cuda::launch(
+        opsmith_kernels::names::optim::F32.adam_device_group_advance,
+        Grid::Config(LaunchConfig { grid: 1, block, shared_mem_bytes: 0 }),
+        (
+            a.param,
+            a.grad,
+            a.m,
+            a.v,
+            len(a),
+            b.param,
+            b.grad,
+            b.m,
+            b.v,
+            len(b),
+            c.param,
+            c.grad,
+            c.m,
+            c.v,
+            len(c),
+            d.param,
+            d.grad,
+            d.m,
+            d.v,
+            len(d),
+            progress,
+            coefficients,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        ),
+    )
+}
+
 /// One launch of `adam_device_group` over up to four checked f32 parameters; `empty` fills the
 /// unused slots.
 #[cfg(feature = "cuda")]
@@ -679,10 +798,7 @@ fn launch_group(op: &'static str, group: &[AdamTensors<'_>], coefficients: &Tens
     let [a, b, c, d] = [slot(0), slot(1), slot(2), slot(3)];
     // One thread per 16-byte pack of the group (each parameter's last pack may be partial): the
     // kernel numbers the slots' packs one after another and gives each thread one of them.
-    let mut packs = 0u64;
-    for s in group {
-        packs += super::cuda::check_launch_len(op, s.param.elem_count(), DType::F32)?.div_ceil(4);
-    }
+    let packs = group_packs(op, group)?;
     let len = |s: AdamTensors<'_>| s.param.elem_count() as u64;
     crate::cuda::launch(
         opsmith_kernels::names::optim::F32.adam_device_group,

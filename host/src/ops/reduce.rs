@@ -73,7 +73,7 @@ pub(super) fn finish_sum(op: &'static str, partials: &Tensor, count: usize, scal
 /// The block of `sum_finish` over `count` partials: one thread per partial, in whole warps,
 /// up to 1024 threads. A function of `count` only, so a given sum adds in the same order on
 /// every run.
-fn finish_block(count: usize) -> u32 {
+pub(super) fn finish_block(count: usize) -> u32 {
     count.clamp(1, 1024).next_multiple_of(32) as u32
 }
 

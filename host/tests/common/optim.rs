@@ -406,70 +406,88 @@ pub fn adam_state_errors(device: Device) -> Result<()> {
 const GROUP_OFFSETS: [[usize; 4]; 9] =
     [[0; 4], [1; 4], [0; 4], [0; 4], [3, 0, 0, 0], [0, 2, 0, 0], [0, 0, 1, 3], [0; 4], [2; 4]];
 
+/// One parameter's `[p, m, v]` in [`adam_group_matches_single`]: views for the grouped step,
+/// views for the whole step, tensors for the single step.
+type ParameterCopies = ([State; 3], [State; 3], [Tensor; 3]);
+
 /// [`ops::adam_step_device_group`] over 1, 4, 5 and 9 parameters of different sizes (one or
 /// more groups of four, some slots unused, an empty parameter among them, sizes not a multiple
 /// of 4), each as views at the offsets of [`GROUP_OFFSETS`], gives, step after step, the same
 /// bits as [`ops::adam_step_device`] on each parameter (fresh, aligned tensors), which
-/// [`adam_device_against_f64`] checks against f64, and writes nothing outside the views. Then
-/// its errors: parameters that share memory, a parameter on another state's device; nothing is
-/// written.
+/// [`adam_device_against_f64`] checks against f64, and writes nothing outside the views; so
+/// does [`ops::adam_advance_step_group`] (the advance and the step in one call: on CUDA one
+/// launch up to four parameters of 1024 packs, at the edge with 4096 elements, and the two
+/// launches past it), whose state ends where the others' do. Then the errors: parameters that
+/// share memory, a parameter on another state's device; nothing is written and no state moves.
 pub fn adam_group_matches_single(device: Device) -> Result<()> {
     use ops::AdamTensors;
     let op = "adam_step_device_group";
     let mut rng = StdRng::seed_from_u64(74);
     let dtypes: &[DType] = if device.is_cuda() { &[DType::F32] } else { &[DType::F32, DType::F64] };
     let sizes = [1029usize, 7, 0, 64, 1, 300, 5, 33, 2];
+    let groups: [&[usize]; 6] = [&sizes[..1], &sizes[..4], &sizes[..5], &sizes, &[4096], &[4093, 6]];
     let case = ADAM_CASES[1];
     for &dtype in dtypes {
-        for count in [1usize, 4, 5, 9] {
-            let context = format!("{op} of {count} parameters, {dtype} on {device}");
-            // Each parameter's [p, m, v] twice: views for the grouped step, tensors for the single.
+        for sizes in groups {
+            let count = sizes.len();
+            let context = format!("{op} of {count} parameters {sizes:?}, {dtype} on {device}");
+            // Each parameter's [p, m, v] three times: views for the grouped step and for the
+            // whole step, tensors for the single.
             let make = |values: &[f64]| tensor(values, dtype, device);
-            let mut sets: Vec<([State; 3], [Tensor; 3])> = Vec::new();
-            for (&n, [at_p, _, at_m, at_v]) in sizes[..count].iter().zip(GROUP_OFFSETS) {
+            let mut sets: Vec<ParameterCopies> = Vec::new();
+            for (&n, [at_p, _, at_m, at_v]) in sizes.iter().zip(GROUP_OFFSETS) {
                 let p = random_values(&mut rng, n, dtype);
                 let zeros = vec![0.0; n];
-                let grouped = [
-                    State::new(&p, at_p, dtype, device)?,
-                    State::new(&zeros, at_m, dtype, device)?,
-                    State::new(&zeros, at_v, dtype, device)?,
-                ];
-                sets.push((grouped, [make(&p)?, make(&zeros)?, make(&zeros)?]));
+                let views = || -> Result<[State; 3]> {
+                    Ok([
+                        State::new(&p, at_p, dtype, device)?,
+                        State::new(&zeros, at_m, dtype, device)?,
+                        State::new(&zeros, at_v, dtype, device)?,
+                    ])
+                };
+                sets.push((views()?, views()?, [make(&p)?, make(&zeros)?, make(&zeros)?]));
             }
-            let (grouped, single) = (AdamState::new(case.lr, device)?, AdamState::new(case.lr, device)?);
+            let (grouped, whole, single) =
+                (AdamState::new(case.lr, device)?, AdamState::new(case.lr, device)?, AdamState::new(case.lr, device)?);
             for t in 1..=STEPS {
                 grouped.advance(&hyper(&case))?;
                 single.advance(&hyper(&case))?;
-                let g: Vec<Vec<f64>> = sizes[..count].iter().map(|&n| random_values(&mut rng, n, dtype)).collect();
+                let g: Vec<Vec<f64>> = sizes.iter().map(|&n| random_values(&mut rng, n, dtype)).collect();
                 let grads: Vec<State> = g
                     .iter()
                     .zip(GROUP_OFFSETS)
                     .map(|(g, [_, at_g, _, _])| State::new(g, at_g, dtype, device))
                     .collect::<Result<_>>()?;
-                let slots: Vec<AdamTensors<'_>> = sets
-                    .iter()
-                    .zip(&grads)
-                    .map(|(([p, m, v], _), grad)| AdamTensors {
-                        param: &p.view,
-                        grad: &grad.view,
-                        m: &m.view,
-                        v: &v.view,
-                    })
-                    .collect();
-                ops::adam_step_device_group(&slots, &grouped)?;
-                for ((_, [p, m, v]), g) in sets.iter().zip(&g) {
+                let slots = |pick: fn(&ParameterCopies) -> &[State; 3]| -> Vec<AdamTensors<'_>> {
+                    sets.iter()
+                        .zip(&grads)
+                        .map(|(set, grad)| {
+                            let [p, m, v] = pick(set);
+                            AdamTensors { param: &p.view, grad: &grad.view, m: &m.view, v: &v.view }
+                        })
+                        .collect()
+                };
+                ops::adam_step_device_group(&slots(|set| &set.0), &grouped)?;
+                ops::adam_advance_step_group(&slots(|set| &set.1), &whole, &hyper(&case))?;
+                for ((_, _, [p, m, v]), g) in sets.iter().zip(&g) {
                     ops::adam_step_device(p, &make(g)?, m, v, &single)?;
                 }
-                for (k, ((a, b), (grad, g))) in sets.iter().zip(grads.iter().zip(&g)).enumerate() {
+                for (k, ((a, w, b), (grad, g))) in sets.iter().zip(grads.iter().zip(&g)).enumerate() {
                     let context = format!("{context}: step {t}, parameter {k}");
                     let bits = |v: Vec<f64>| -> Vec<u64> { v.iter().map(|x| x.to_bits()).collect() };
-                    for (name, x, y) in [("param", &a[0], &b[0]), ("m", &a[1], &b[1]), ("v", &a[2], &b[2])] {
-                        assert_eq!(bits(x.read(&context)?), bits(values(y)?), "{context}'s {name}");
+                    for (i, name) in ["param", "m", "v"].into_iter().enumerate() {
+                        let want = bits(values(&b[i])?);
+                        assert_eq!(bits(a[i].read(&context)?), want, "{context}'s {name}, grouped");
+                        assert_eq!(bits(w[i].read(&context)?), want, "{context}'s {name}, whole step");
                     }
                     assert_eq!(&grad.read(&context)?, g, "{context}'s grad changed");
                 }
             }
-            assert_eq!(grouped.step()?, STEPS, "{context}");
+            assert_eq!((grouped.step()?, whole.step()?), (STEPS, STEPS), "{context}");
+            let coefficient_bits = |s: &AdamState| -> Result<Option<[u32; 8]>> {
+                Ok(s.coefficients()?.map(|c| c.to_array().map(f32::to_bits)))
+            };
+            assert_eq!(coefficient_bits(&whole)?, coefficient_bits(&grouped)?, "{context}: coefficients");
         }
     }
 
@@ -493,6 +511,18 @@ pub fn adam_group_matches_single(device: Device) -> Result<()> {
     // A parameter that is another's gradient.
     let crossed = [before, AdamTensors { param: &g, grad: &q, m: &m2, v: &v2 }];
     assert!(matches!(ops::adam_step_device_group(&crossed, &state), Err(Error::Overlap { output: 1, .. })));
+    // The whole step checks everything before it advances the state.
+    let fresh = AdamState::new(0.1, device)?;
+    let good = AdamHyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+    match ops::adam_advance_step_group(&shared, &fresh, &good) {
+        Err(Error::Overlap { op: "adam_advance_step_group", output: 1 }) => {}
+        other => panic!("whole step, shared moments: expected Overlap, got {other:?}"),
+    }
+    match ops::adam_advance_step_group(&[before], &fresh, &AdamHyper { beta1: 1.0, ..good }) {
+        Err(Error::InvalidArgument { op: "adam_advance_step_group", .. }) => {}
+        other => panic!("whole step, beta1 = 1: expected InvalidArgument, got {other:?}"),
+    }
+    assert_eq!((fresh.step()?, fresh.coefficients()?), (0, None), "a refused whole step moved the state");
     let other = if device.is_cuda() { Device::Cpu } else { Device::cuda_if_available() };
     if other != device {
         let elsewhere = Tensor::from_vec(vec![1.0f32, 2.0], [2], other)?;

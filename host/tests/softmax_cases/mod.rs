@@ -365,8 +365,33 @@ pub fn cross_entropy_against_f64(device: Device) -> Result<()> {
                 let g = Tensor::from_f64(&[g0], [], dtype, device)?;
                 let got = ops::cross_entropy_backward(&g, &xt, &lt)?.to_vec_f64()?;
                 check_cross_entropy_gradient(&got, &x, &labels, classes, dtype, g0 / rows as f64, what);
+                check_scalar_gradient_path(&xt, &lt, &[1.0, -0.3001], what)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// `cross_entropy_backward_scalar(g)` against `cross_entropy_backward` of `g` filled into a
+/// one-element tensor of the logits' dtype (rounded there), bit for bit, over poisoned memory:
+/// for each `g` of `values`, some of which the dtype cannot hold exactly.
+pub fn check_scalar_gradient_path(xt: &Tensor, lt: &Labels, values: &[f64], what: impl Fn() -> String) -> Result<()> {
+    let (dtype, device) = (xt.dtype(), xt.device());
+    for &value in values {
+        let g = Tensor::from_f64(&[value], [], dtype, device)?;
+        poison_pool(xt.elem_count(), dtype, device)?;
+        let filled = ops::cross_entropy_backward(&g, xt, lt)?.to_vec_f64()?;
+        poison_pool(xt.elem_count(), dtype, device)?;
+        let scalar = ops::cross_entropy_backward_scalar(value, xt, lt)?;
+        assert_eq!((scalar.dims(), scalar.dtype()), (xt.dims(), dtype), "{}: g = {value}", what());
+        let scalar = scalar.to_vec_f64()?;
+        let differ = filled.iter().zip(&scalar).position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(
+            differ.map(|i| (i, filled[i], scalar[i])),
+            None,
+            "{}: g = {value}, the scalar path differs from the filled tensor's at (index, filled, scalar)",
+            what()
+        );
     }
     Ok(())
 }
@@ -464,6 +489,7 @@ pub fn cross_entropy_small_rows(device: Device) -> Result<()> {
                 poison_pool(rows * classes, dtype, device)?;
                 let got = ops::cross_entropy_backward(&g, &xt, &lt)?.to_vec_f64()?;
                 check_cross_entropy_gradient(&got, &x, &labels, classes, dtype, g0 / rows as f64, what);
+                check_scalar_gradient_path(&xt, &lt, &[1.0, -0.6251, 3.0e-5], what)?;
             }
         }
 
