@@ -242,18 +242,23 @@ mod imp {
     /// The entry point's contract.
     #[inline(always)]
     pub unsafe fn cross_entropy_mean<T: Element>(p: Rows<T, T>) {
-        // SAFETY (each arm): forwarded, with N / 2 <= cols <= N as `by_row_length!` picks it.
-        // Fewer rows in flight for longer rows (each row held takes 2 registers a value): the
-        // same additions in the same order, without a stack frame.
+        // The row sizes of `by_row_length!`, with fewer rows in flight for longer rows (each row
+        // held takes 2 registers a value): the same additions in the same order, without a
+        // stack frame.
         if p.cols <= 1 {
+            // SAFETY: forwarded; cols <= 1, read with `by_row_length!`'s first size.
             unsafe { cross_entropy_mean_thread_rows::<T, 1, 4>(p) }
         } else if p.cols == 2 {
+            // SAFETY: forwarded; cols = 2.
             unsafe { cross_entropy_mean_thread_rows::<T, 2, 4>(p) }
         } else if p.cols <= 4 {
+            // SAFETY: forwarded; 2 <= cols <= 4.
             unsafe { cross_entropy_mean_thread_rows::<T, 4, 4>(p) }
         } else if p.cols <= 8 {
+            // SAFETY: forwarded; 4 <= cols <= 8.
             unsafe { cross_entropy_mean_thread_rows::<T, 8, 2>(p) }
         } else if p.cols <= THREAD_ROW_MAX_COLS {
+            // SAFETY: forwarded; 8 <= cols <= 16.
             unsafe { cross_entropy_mean_thread_rows::<T, 16, 1>(p) }
         } else if crate::device::index::global_thread_index() == 0 {
             // Rows this long are not for this kernel: a NaN, not a wrong mean.
@@ -263,9 +268,10 @@ mod imp {
     }
 
     /// The mean of rows of at most `N` values in one block, `ROWS` rows in flight a thread:
-    /// thread `t` takes rows `t, t + B, …` of the `B` threads, adds their losses (compensated) as `sum_finish` adds the partials
-    /// `t, t + B, …`, and the block adds the threads' totals as `sum_finish` does. So with the
-    /// block `sum_finish` would get, the result is the bits of `cross_entropy` and `sum_finish`.
+    /// thread `t` takes rows `t, t + B, …` of the `B` threads, adds their losses (compensated)
+    /// as `sum_finish` adds the partials `t, t + B, …`, and the block adds the threads' totals
+    /// as `sum_finish` does. So with the block `sum_finish` would get, the result is the bits of
+    /// `cross_entropy` and `sum_finish`.
     ///
     /// # Safety
     /// The entry point's contract, and `N / 2 <= cols <= N`.
@@ -280,12 +286,12 @@ mod imp {
         let mut block = BlockReduce::new();
         // SAFETY: reading the special registers has no preconditions.
         let (thread, threads) = unsafe { (nvptx::_thread_idx_x() as u64, nvptx::_block_dim_x() as u64) };
-        // SAFETY (both): r < rows; the rest is the caller's contract.
         let acc = if ROWS == 1 {
             // The plain loop: through `strided_fold`, LLVM keeps the longest rows' loss out of
             // line (a call and a stack frame). The same additions in the same order.
             let (mut acc, mut r) = (CompensatedSum::ZERO, thread);
             while r < p.rows {
+                // SAFETY: r < rows; the rest is the caller's contract.
                 acc = acc.add(unsafe { thread_row_loss::<T, N, T>(&p, r) });
                 r += threads;
             }
@@ -296,6 +302,8 @@ mod imp {
                 p.rows,
                 threads,
                 CompensatedSum::ZERO,
+                // SAFETY: `strided_fold` passes indices below `rows`; the rest is the caller's
+                // contract.
                 |r| unsafe { thread_row_loss::<T, N, T>(&p, r) },
                 CompensatedSum::add,
             )
